@@ -1,0 +1,534 @@
+"""Rule -> onnxscript pattern + our own condition and replacement logic.
+
+This is the only module that imports onnxscript's rewriter, so an upgrade of
+its (fast-moving) API touches one file. onnxscript does the structural
+matching (ops, wiring, single-consumer intermediates). What ENGINE-NOTES says
+we must own lives here: attributes are checked with their schema defaults,
+float attributes compare with a tolerance, commuted operands and op
+alternatives are expanded into pattern variants, and new initializers come
+out unnamed so the driver can give them fresh names.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+from onnxscript.rewriter import pattern as orp
+
+from . import expr
+from .errors import RuleFileError
+from .rulefile import Rule
+from .statements import Literal, NodeSpec, OpRef, Ref
+
+COMMUTATIVE = frozenset(
+    {"Add", "Mul", "Max", "Min", "Sum", "Mean", "And", "Or", "Xor", "Equal",
+     "BitwiseAnd", "BitwiseOr", "BitwiseXor"}
+)
+MAX_VARIANTS = 256
+LITERAL_RTOL = 1e-5
+LITERAL_ATOL = 1e-7
+
+
+class NoRewrite(Exception):  # noqa: N818 - a control-flow signal
+    """A structural match that the rule's conditions reject; carries the reason."""
+
+
+@dataclass
+class Rewrite:
+    """A verified match and the subgraph that replaces it (not yet in the graph)."""
+
+    rule_id: str
+    root: ir.Node
+    matched_nodes: list[ir.Node]
+    old_outputs: list[ir.Value]
+    new_outputs: list[ir.Value]
+    new_nodes: list[ir.Node]
+    new_initializers: list[ir.Value]
+    aliases: dict[int, bool] = field(default_factory=dict)
+    """Indices of outputs replaced by an existing value (``y = x``), not a new one."""
+    opsets: dict[str, int] = field(default_factory=dict)
+    name_hints: dict[int, str] = field(default_factory=dict)
+    """Index of new node -> name of the matched node whose place it takes."""
+
+
+@dataclass
+class _Variant:
+    pattern: orp.Pattern
+    specs: tuple[NodeSpec, ...]
+    node_of_spec: dict[int, Any]  # spec index -> NodePattern
+    literal_vars: dict[str, float | int]  # internal var name -> literal value
+    root_op: OpRef
+
+
+class CompiledRule:
+    """A rule ready to match: pattern variants plus our checks and replacement."""
+
+    def __init__(self, rule: Rule) -> None:
+        self.rule = rule
+        self.variants = _build_variants(rule)
+        self.root_ops = {v.root_op.op_type for v in self.variants}
+
+    @property
+    def id(self) -> str:
+        return self.rule.id
+
+    def skip_reason(self, model: ir.Model, target: str) -> str | None:
+        """Why this rule cannot run on this model and target, or None."""
+        targets = self.rule.when.targets
+        if "any" not in targets and target not in targets:
+            return f"rule is for target {', '.join(targets)}, not {target}"
+        for domain, opset_range in self.rule.when.opsets:
+            version = model.opset_imports.get(domain)
+            if version is None and domain == "":
+                version = model.opset_imports.get("ai.onnx")
+            if version is None:
+                return f"model does not import domain {domain or 'ai.onnx'!r}"
+            if not opset_range.allows(version):
+                dom = domain or "ai.onnx"
+                return f"needs {dom} opset {opset_range.text}, model has {version}"
+        return None
+
+    def find(self, model: ir.Model, graph: ir.Graph | ir.Function, node: ir.Node
+             ) -> Rewrite | None:
+        """Try every variant rooted at ``node``; raise NoRewrite if a condition said no."""
+        if node.op_type not in self.root_ops:
+            return None
+        reason: str | None = None
+        for variant in self.variants:
+            if variant.root_op.op_type != node.op_type or variant.root_op.domain != node.domain:
+                continue
+            match = variant.pattern.match(model, graph, node, check_nodes_are_removable=True)
+            if not match:
+                continue
+            try:
+                return self._rewrite(model, graph, node, variant, match)
+            except NoRewrite as exc:
+                reason = str(exc)
+        if reason is not None:
+            raise NoRewrite(reason)
+        return None
+
+    # ----------------------------------------------------------- after a match
+    def _rewrite(self, model: ir.Model, graph: ir.Graph | ir.Function, root: ir.Node,
+                 variant: _Variant, match: Any) -> Rewrite:
+        rule = self.rule
+        env: dict[str, Any] = {}
+        opsets = _opsets(model, graph)
+        producer_of: dict[str, ir.Node] = {}
+        for spec in variant.specs:
+            node = match.node_bindings[variant.node_of_spec[spec.index]]
+            for out in spec.outputs:
+                producer_of[out] = node
+            version = opsets.get(node.domain, 1)
+            for attr in spec.attrs:
+                present, value = attribute_value(node, attr.name, version)
+                if attr.is_capture:
+                    value = None if value is NOT_IN_SCHEMA else value
+                    if attr.text in env and not _same(env[attr.text], value):
+                        raise NoRewrite(f"attribute capture {attr.text} differs between nodes")
+                    env[attr.text] = value
+                elif value is NOT_IN_SCHEMA:
+                    continue  # e.g. training_mode on an opset-9 BatchNormalization
+                elif not present or not _same(value, attr.literal):
+                    raise NoRewrite(f"{node.op_type}.{attr.name} is {value!r}, "
+                                    f"rule needs {attr.literal!r}")
+        for name, literal in variant.literal_vars.items():
+            value = match.bindings.get(name)
+            if not _is_literal(value, literal):
+                raise NoRewrite(f"an input is not the constant {literal}")
+        for name, value in match.bindings.items():
+            if not name.startswith("_"):
+                env.setdefault(name, value)
+        for name in rule.captures:
+            env.setdefault(name, None)
+        for condition in rule.where:
+            try:
+                ok = condition.expression.evaluate(env)
+            except expr.NoMatch as exc:
+                raise NoRewrite(f"{condition.message} ({exc})") from None
+            if not expr._truth(ok):
+                raise NoRewrite(condition.message)
+        for binding in rule.let:
+            try:
+                value = binding.expression.evaluate(env)
+            except expr.NoMatch as exc:
+                raise NoRewrite(f"let {binding.name}: {exc}") from None
+            env[binding.name] = _typed(value, binding.expression, env, rule.captures)
+        return _build_replacement(rule, model, graph, root, match, env, producer_of, opsets)
+
+
+# ------------------------------------------------------------------- attributes
+
+
+NOT_IN_SCHEMA = object()
+"""An attribute the op's schema (at the model's opset) does not have at all."""
+
+
+@functools.lru_cache(maxsize=4096)
+def _schema_default(domain: str, op_type: str, version: int, name: str) -> tuple[bool, Any]:
+    try:
+        schema = onnx.defs.get_schema(op_type, version, domain)
+    except onnx.defs.SchemaError:
+        return False, None
+    attr = schema.attributes.get(name)
+    if attr is None:
+        return False, NOT_IN_SCHEMA
+    if not attr.default_value.name:
+        return False, None
+    value = onnx.helper.get_attribute_value(attr.default_value)
+    return True, _freeze(_plain(value))
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, onnx.TensorProto):
+        return onnx.numpy_helper.to_array(value)
+    return value
+
+
+def _freeze(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
+
+
+def attribute_value(node: ir.Node, name: str, version: int) -> tuple[bool, Any]:
+    """A node's attribute as a plain Python value, falling back to the schema default.
+
+    Returns (known, value): known is False when the node lacks the attribute and
+    its schema (at this opset) gives no default.
+    """
+    attr = node.attributes.get(name)
+    if attr is None:
+        known, value = _schema_default(node.domain, node.op_type, version, name)
+        return known, list(value) if isinstance(value, tuple) else value
+    if attr.is_ref():
+        return False, None
+    kind = attr.type
+    if kind in (ir.AttributeType.INTS, ir.AttributeType.FLOATS, ir.AttributeType.STRINGS):
+        return True, list(attr.value)
+    if kind == ir.AttributeType.TENSOR:
+        return True, attr.value.numpy()
+    return True, attr.value
+
+
+def _same(actual: Any, expected: Any) -> bool:
+    if isinstance(expected, (list, tuple)) or isinstance(actual, (list, tuple)):
+        if not isinstance(actual, (list, tuple)) or not isinstance(expected, (list, tuple)):
+            return False
+        return len(actual) == len(expected) and all(
+            _same(a, e) for a, e in zip(actual, expected)
+        )
+    if isinstance(actual, np.ndarray) or isinstance(expected, np.ndarray):
+        return bool(np.array_equal(np.asarray(actual), np.asarray(expected)))
+    if isinstance(expected, str) or isinstance(actual, str):
+        return actual == expected
+    if isinstance(expected, (int, float)) and isinstance(actual, (int, float)):
+        return math.isclose(float(actual), float(expected), rel_tol=1e-6, abs_tol=1e-12)
+    return actual == expected
+
+
+def _is_literal(value: Any, literal: float | int) -> bool:
+    if not isinstance(value, ir.Value):
+        return False
+    try:
+        array = np.asarray(expr.to_array(value), dtype=np.float64)
+    except expr.NoMatch:
+        return False
+    if array.size != 1:
+        return False
+    return math.isclose(float(array.reshape(())), float(literal), rel_tol=LITERAL_RTOL,
+                        abs_tol=LITERAL_ATOL)
+
+
+def _typed(value: Any, expression: expr.Expression, env: Mapping[str, Any],
+           captures: Iterable[str]) -> Any:
+    """Give a let array the dtype of the tensor it was computed from.
+
+    numpy promotes (float16 weights times float32 statistics are float32), but the
+    initializer must keep the model's dtype; the first captured tensor the
+    expression reads decides, unless the expression casts explicitly.
+    """
+    if not isinstance(value, (np.ndarray, np.generic)) or expression.explicit_dtype:
+        return value
+    for name in _names_in_order(expression, env):
+        ref = env.get(name)
+        dtype = expr.value_dtype(ref) if isinstance(ref, ir.Value) else None
+        if dtype is None and isinstance(ref, np.ndarray):
+            dtype = ref.dtype
+        if dtype is not None and dtype.kind in "fc" and np.asarray(value).dtype.kind in "fc":
+            return np.asarray(value).astype(dtype)
+        if dtype is not None:
+            return np.asarray(value)
+    return value
+
+
+def _names_in_order(expression: expr.Expression, env: Mapping[str, Any]) -> list[str]:
+    import ast
+
+    return [n.id for n in ast.walk(expression.tree) if isinstance(n, ast.Name) and n.id in env]
+
+
+# --------------------------------------------------------------------- variants
+
+
+def _build_variants(rule: Rule) -> list[_Variant]:
+    combos: list[tuple[tuple[NodeSpec, ...], tuple[tuple[OpRef, bool], ...]]] = []
+    for specs in rule.match_variants or (rule.match,):
+        choices: list[list[tuple[OpRef, bool]]] = []
+        for spec in specs:
+            swaps = [False, True] if _commutes(spec) else [False]
+            choices.append([(op, swap) for op in spec.ops for swap in swaps])
+        combos.extend((specs, combo) for combo in itertools.product(*choices))
+        if len(combos) > MAX_VARIANTS:
+            raise RuleFileError([(rule.source, f"rule {rule.id}: more than {MAX_VARIANTS} "
+                                  "pattern variants (alternatives x commuted operands)")])
+    variants = []
+    seen: set[str] = set()
+    for specs, combo in combos:
+        variant = _variant(rule, specs, combo)
+        key = str(variant.pattern._target_pattern)  # identical variants (e.g. Mul(x, x))
+        if key in seen:
+            continue
+        seen.add(key)
+        variants.append(variant)
+    return variants
+
+
+def _commutes(spec: NodeSpec) -> bool:
+    return (
+        len(spec.inputs) == 2
+        and all(op.domain == "" and op.op_type in COMMUTATIVE for op in spec.ops)
+        and spec.inputs[0] != spec.inputs[1]
+    )
+
+
+def _variant(rule: Rule, specs: tuple[NodeSpec, ...],
+             combo: tuple[tuple[OpRef, bool], ...]) -> _Variant:
+    builder = orp.OpsetPatternBuilder("", record=True)
+    values: dict[str, Any] = {}
+    literal_vars: dict[str, float | int] = {}
+    optional = {i.name for s in specs for i in s.inputs if isinstance(i, Ref) and i.optional}
+    inputs: list[Any] = []
+
+    def value_for(item: Any) -> Any:
+        if item is None:
+            return None
+        if isinstance(item, Literal):
+            name = f"_lit{len(literal_vars)}"
+            literal_vars[name] = item.value
+            var = orp.Var(name)
+            inputs.append(var)
+            return var
+        if item.name not in values:
+            var = orp.Var(item.name, can_match_none=item.name in optional)
+            values[item.name] = var
+            inputs.append(var)
+        return values[item.name]
+
+    node_of_spec: dict[int, Any] = {}
+    for spec, (op, swap) in zip(specs, combo):
+        args = [value_for(i) for i in spec.inputs]
+        if swap:
+            args = [args[1], args[0]]
+        outs = builder.__getattr__(op.op_type)(
+            *args,
+            _domain=op.domain,
+            _outputs=[None if o.startswith("%") else o for o in spec.outputs],
+            _allow_other_attributes=True,
+        )
+        outs = outs if isinstance(outs, (list, tuple)) else [outs]
+        for name, out in zip(spec.outputs, outs):
+            values[name] = out
+        node_of_spec[spec.index] = builder.nodes()[-1]
+    outputs = [values[name] for name in rule.outputs]
+    graph_pattern = orp_graph_pattern(inputs, outputs, builder.nodes())
+    if len(graph_pattern.output_nodes) != 1:
+        raise RuleFileError([(rule.source, f"rule {rule.id}: outputs come from several "
+                              "unconnected nodes; such patterns are not supported yet")])
+    root_spec = next(s for s in specs if node_of_spec[s.index] is graph_pattern.output_node)
+    root_op = combo[specs.index(root_spec)][0]
+    pattern = orp.Pattern(graph_pattern, name=rule.id)
+    return _Variant(pattern, specs, node_of_spec, literal_vars, root_op)
+
+
+def orp_graph_pattern(inputs: list[Any], outputs: list[Any], nodes: list[Any]) -> Any:
+    from onnxscript.rewriter._pattern_ir import GraphPattern
+
+    return GraphPattern(inputs, outputs, nodes)
+
+
+# ------------------------------------------------------------------ replacement
+
+
+def _opsets(model: ir.Model, graph: ir.Graph | ir.Function) -> dict[str, int]:
+    opsets = dict(model.opset_imports)
+    opsets.update(graph.opset_imports)
+    if "" not in opsets and "ai.onnx" in opsets:
+        opsets[""] = opsets["ai.onnx"]
+    return opsets
+
+
+def _attribute(name: str, value: Any, op: OpRef, version: int) -> ir.Attr | None:
+    """Build an attribute, using the op schema's declared type when there is one."""
+    if value is None:
+        return None
+    declared = None
+    try:
+        schema = onnx.defs.get_schema(op.op_type, version, op.domain)
+        if name in schema.attributes:
+            declared = schema.attributes[name].type
+    except onnx.defs.SchemaError:
+        pass
+    A = onnx.defs.OpSchema.AttrType  # noqa: N806
+    if isinstance(value, np.ndarray) and declared not in (A.INTS, A.FLOATS, A.INT, A.FLOAT):
+        return ir.AttrTensor(name, ir.tensor(value))
+    if isinstance(value, (np.ndarray, np.generic)):
+        value = value.tolist()
+    if declared == A.FLOAT:
+        return ir.AttrFloat32(name, float(value))
+    if declared == A.INT:
+        return ir.AttrInt64(name, int(value))
+    if declared == A.FLOATS:
+        return ir.AttrFloat32s(name, [float(v) for v in value])
+    if declared == A.INTS:
+        return ir.AttrInt64s(name, [int(v) for v in value])
+    if declared == A.STRING:
+        return ir.AttrString(name, str(value))
+    if isinstance(value, bool):
+        return ir.AttrInt64(name, int(value))
+    if isinstance(value, int):
+        return ir.AttrInt64(name, value)
+    if isinstance(value, float):
+        return ir.AttrFloat32(name, value)
+    if isinstance(value, str):
+        return ir.AttrString(name, value)
+    if isinstance(value, (list, tuple)):
+        if all(isinstance(v, (int, bool)) for v in value):
+            return ir.AttrInt64s(name, [int(v) for v in value])
+        if all(isinstance(v, (int, float)) for v in value):
+            return ir.AttrFloat32s(name, [float(v) for v in value])
+        if all(isinstance(v, str) for v in value):
+            return ir.AttrStrings(name, list(value))
+    raise NoRewrite(f"cannot make attribute {name} from {type(value).__name__}")
+
+
+def _initializer(value: Any) -> ir.Value:
+    array = np.asarray(value)
+    if array.dtype == np.float64:
+        array = array.astype(np.float32)
+    tensor = ir.tensor(array)
+    return ir.Value(name=None, type=ir.TensorType(tensor.dtype), shape=ir.Shape(array.shape),
+                    const_value=tensor)
+
+
+def _build_replacement(rule: Rule, model: ir.Model, graph: ir.Graph | ir.Function,
+                       root: ir.Node, match: Any, env: dict[str, Any],
+                       producer_of: dict[str, ir.Node], opsets: dict[str, int]) -> Rewrite:
+    available: dict[str, ir.Value | None] = {}
+    for name in rule.captures:
+        value = env.get(name)
+        if value is None or isinstance(value, ir.Value):
+            available[name] = value
+    new_nodes: list[ir.Node] = []
+    new_initializers: list[ir.Value] = []
+    used_opsets = dict(rule.when.imports)
+    name_hints: dict[int, str] = {}
+    made: dict[str, ir.Value] = {}
+    aliases: dict[int, bool] = {}
+    old_outputs = [match.bindings[name] for name in rule.outputs]
+
+    def resolve(item: Any) -> ir.Value | None:
+        if item is None:
+            return None
+        if item.name in made:
+            return made[item.name]
+        if item.name in available:
+            return available[item.name]
+        value = env.get(item.name)
+        if isinstance(value, ir.Value) or value is None:
+            return value
+        if isinstance(value, (bool, int, float, list, tuple, np.ndarray, np.generic)):
+            init = _initializer(value)
+            init.name = item.name  # a hint; the driver makes it unique
+            new_initializers.append(init)
+            made[item.name] = init
+            return init
+        raise NoRewrite(f"{item.name} is not a tensor")
+
+    for spec in rule.replace:
+        op = spec.op
+        version = opsets.get(op.domain, dict(used_opsets).get(op.domain, 1))
+        inputs = [resolve(i) for i in spec.inputs]
+        while inputs and inputs[-1] is None:
+            inputs.pop()
+        if op.domain == "" and op.op_type == "Identity" and _is_alias(spec, rule, graph,
+                                                                      old_outputs, inputs):
+            made[spec.outputs[0]] = inputs[0]  # type: ignore[assignment]
+            aliases[rule.outputs.index(spec.outputs[0])] = True
+            continue
+        attrs: dict[str, ir.Attr] = {}
+        if spec.copy_attrs_from:
+            source = producer_of[spec.copy_attrs_from]
+            attrs.update({k: v for k, v in source.attributes.items()})
+        for attr_spec in spec.attrs:
+            parsed = expr.parse(attr_spec.text, env.keys())
+            try:
+                value = parsed.evaluate(env)
+            except expr.NoMatch as exc:
+                raise NoRewrite(f"attribute {attr_spec.name}: {exc}") from None
+            built = _attribute(attr_spec.name, value, op, version)
+            if built is None:
+                attrs.pop(attr_spec.name, None)
+            else:
+                attrs[attr_spec.name] = built
+        node = ir.Node(op.domain, op.op_type, inputs, attributes=list(attrs.values()),
+                       num_outputs=len(spec.outputs))
+        for out_name, value in zip(spec.outputs, node.outputs):
+            made[out_name] = value
+            if out_name in producer_of:
+                name_hints[len(new_nodes)] = producer_of[out_name].name or ""
+        if len(new_nodes) not in name_hints:
+            name_hints[len(new_nodes)] = root.name or ""
+        if op.domain not in opsets:
+            used_opsets.setdefault(op.domain, 1)
+        new_nodes.append(node)
+    new_outputs = [made[name] for name in rule.outputs]
+    for index, value in enumerate(new_outputs):
+        if value is None:
+            raise NoRewrite(f"replacement output {rule.outputs[index]} is absent")
+    matched = list(match.nodes)
+    return Rewrite(rule.id, root, matched, old_outputs, new_outputs, new_nodes,
+                   new_initializers, aliases, used_opsets, name_hints)
+
+
+def _is_alias(spec: NodeSpec, rule: Rule, graph: ir.Graph | ir.Function,
+              old_outputs: list[ir.Value], inputs: list[ir.Value | None]) -> bool:
+    """``y = Identity(x)`` for a match output y is a plain reroute unless y is a graph
+    output (its name must survive, so the Identity stays)."""
+    out = spec.outputs[0]
+    if out not in rule.outputs or len(inputs) != 1 or inputs[0] is None:
+        return False
+    return not old_outputs[rule.outputs.index(out)].is_graph_output()
+
+
+def compile_rules(rules: Iterable[Rule]) -> list[CompiledRule]:
+    """Compile every rule; problems are collected and raised together."""
+    compiled, problems = [], []
+    for rule in rules:
+        try:
+            compiled.append(CompiledRule(rule))
+        except RuleFileError as exc:
+            problems.extend(exc.problems)
+    if problems:
+        raise RuleFileError(problems)
+    return compiled

@@ -1,0 +1,93 @@
+"""Make a freshly loaded model ready for matching: constants folded, shapes known.
+
+Rules test constness (``is_const``) and shapes (``rank``, ``shape``). Exported
+models often build weights at run time from constant subgraphs (the onnx
+wheel's light models use ConstantOfShape), and carry no intermediate shapes;
+without this stage rules would silently not fire.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import onnx_ir as ir
+from onnx_ir.passes.common import ShapeInferencePass
+
+FOLD_INPUT_LIMIT = 1 << 22
+FOLD_OUTPUT_LIMIT = 1 << 27
+
+
+@dataclass(frozen=True)
+class PrepareResult:
+    """What preparation changed: nodes folded into constants, whether shapes were inferred."""
+
+    folded_nodes: int
+    shapes_inferred: bool
+
+
+LEGACY_IR_VERSION = 4
+
+
+def detach_legacy_initializer_inputs(model: ir.Model) -> int:
+    """Before IR version 4 every initializer had to be listed as a graph input, yet
+    onnxruntime treats such initializers as constants. Drop them from the inputs so
+    that they are constants here too; ``reattach_legacy_initializer_inputs`` puts
+    the (possibly new) initializers back before saving."""
+    if model.ir_version >= LEGACY_IR_VERSION:
+        return 0
+    inputs = model.graph.inputs
+    legacy = [v for v in inputs if v.is_initializer()]
+    for value in legacy:
+        inputs.remove(value)
+    return len(legacy)
+
+
+def reattach_legacy_initializer_inputs(model: ir.Model) -> None:
+    """List every initializer as a graph input again, as IR version < 4 requires."""
+    if model.ir_version >= LEGACY_IR_VERSION:
+        return
+    listed = set(model.graph.inputs)
+    for value in model.graph.initializers.values():
+        if value not in listed:
+            model.graph.inputs.append(value)
+
+
+def prepare(model: ir.Model, *, fold: bool = True) -> PrepareResult:
+    """Fold constant subgraphs (onnxscript's folder) and infer shapes (onnx's inference).
+
+    Call ``detach_legacy_initializer_inputs`` first (before taking the signature).
+    """
+    before = _count_nodes(model)
+    if fold:
+        from onnxscript.optimizer import fold_constants
+
+        fold_constants(
+            model,
+            input_size_limit=FOLD_INPUT_LIMIT,
+            output_size_limit=FOLD_OUTPUT_LIMIT,
+            should_fold=_fold_constant_of_shape,
+        )
+        from onnx_ir.passes.common import RemoveUnusedNodesPass
+
+        RemoveUnusedNodesPass()(model)
+    folded = before - _count_nodes(model)
+    result = ShapeInferencePass()(model)
+    return PrepareResult(folded, result.modified)
+
+
+def _fold_constant_of_shape(node: ir.Node) -> bool | None:
+    """onnxscript keeps ConstantOfShape (it is compact), but weights built with it
+    must become real constants for rules to see them."""
+    if node.op_type != "ConstantOfShape" or node.domain != "" or not node.inputs:
+        return None
+    shape = node.inputs[0].const_value if node.inputs[0] is not None else None
+    if shape is None:
+        return None
+    size = 1
+    for dim in shape.numpy().tolist():
+        size *= int(dim)
+    return size <= FOLD_OUTPUT_LIMIT
+
+
+def _count_nodes(model: ir.Model) -> int:
+    return sum(1 for _ in model.graph)

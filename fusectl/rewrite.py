@@ -1,0 +1,272 @@
+"""Apply compiled rules to a model, to a fixed point, recording every application.
+
+onnxscript's ``apply_to_model`` only returns a count; we drive matching
+ourselves so that each application is recorded (matched nodes -> new nodes,
+bytes before and after), new initializers get fresh names (a reused name
+would silently replace a shared weight), each rule is capped per pass (no
+runaway rewriting) and rules that cannot run on the model are reported as
+skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import onnx_ir as ir
+
+from . import traffic
+from .compile import CompiledRule, NoRewrite, Rewrite
+
+RULE_TAG = "fusectl.rule"
+MAX_PASSES = 8
+MAX_REJECTIONS_PER_RULE = 20
+
+
+@dataclass(frozen=True)
+class Application:
+    """One rule application: what was matched, what replaced it, and the bytes it moved."""
+
+    rule_id: str
+    graph: str
+    matched: tuple[str, ...]
+    matched_ops: tuple[str, ...]
+    created: tuple[str, ...]
+    created_ops: tuple[str, ...]
+    initializers: tuple[str, ...]
+    bytes_before: int
+    bytes_after: int
+    pass_number: int
+
+    @property
+    def bytes_saved(self) -> int:
+        return self.bytes_before - self.bytes_after
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """A structural match that a rule's condition refused (the 'why not' of a rule)."""
+
+    rule_id: str
+    node: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class RewriteResult:
+    """Everything the rewrite stage did, for the report and for bisection."""
+
+    applications: tuple[Application, ...]
+    skipped: tuple[tuple[str, str], ...] = ()
+    rejections: tuple[Rejection, ...] = ()
+    capped: tuple[str, ...] = ()
+    passes: int = 0
+    rules_run: tuple[str, ...] = field(default=())
+
+    def counts(self) -> dict[str, int]:
+        """Applications per rule id, in first-application order."""
+        return dict(Counter(a.rule_id for a in self.applications))
+
+    def saved_by_rule(self) -> dict[str, int]:
+        saved: dict[str, int] = {}
+        for app in self.applications:
+            saved[app.rule_id] = saved.get(app.rule_id, 0) + app.bytes_saved
+        return saved
+
+
+class _Names:
+    """Fresh, model-wide unique names for new nodes and values."""
+
+    def __init__(self, model: ir.Model) -> None:
+        self.used: set[str] = set()
+        for graph in _graphs(model):
+            for value in itertools.chain(graph.inputs, graph.initializers.values()):
+                if value.name:
+                    self.used.add(value.name)
+            for node in graph:
+                if node.name:
+                    self.used.add(node.name)
+                self.used.update(v.name for v in node.outputs if v.name)
+        self.counter = 0
+
+    def fresh(self, base: str) -> str:
+        base = base or "fusectl"
+        if base not in self.used:
+            self.used.add(base)
+            return base
+        while True:
+            self.counter += 1
+            name = f"{base}_{self.counter}"
+            if name not in self.used:
+                self.used.add(name)
+                return name
+
+
+def _graphs(model: ir.Model) -> Iterator[ir.Graph]:
+    """The main graph and every control-flow subgraph, outermost first."""
+    stack = [model.graph]
+    while stack:
+        graph = stack.pop(0)
+        yield graph
+        for node in graph:
+            for attr in node.attributes.values():
+                if attr.type == ir.AttributeType.GRAPH:
+                    stack.append(attr.value)
+                elif attr.type == ir.AttributeType.GRAPHS:
+                    stack.extend(attr.value)
+
+
+def apply_rules(
+    model: ir.Model,
+    rules: Sequence[CompiledRule],
+    *,
+    target: str = "onnx",
+    max_passes: int = MAX_PASSES,
+    dims: Mapping[str, int] | None = None,
+) -> RewriteResult:
+    """Apply ``rules`` in order, pass after pass, until nothing changes.
+
+    Each pass runs every rule over every graph in order; a pass in which no rule
+    fired ends the loop. A rule may fire at most once per node present when the
+    pass started (plus one), which bounds a rule that would rewrite its own output.
+    """
+    active: list[CompiledRule] = []
+    skipped: list[tuple[str, str]] = []
+    for rule in rules:
+        reason = rule.skip_reason(model, target)
+        if reason:
+            skipped.append((rule.id, reason))
+        else:
+            active.append(rule)
+    names = _Names(model)
+    applications: list[Application] = []
+    rejections: dict[str, list[Rejection]] = {}
+    capped: set[str] = set()
+    passes = 0
+    for pass_number in range(1, max_passes + 1):
+        passes = pass_number
+        fired = 0
+        for rule in active:
+            for graph in list(_graphs(model)):
+                cap = sum(1 for _ in graph) + 1
+                count = 0
+                for node in graph:
+                    if node.graph is not graph:
+                        continue
+                    if count >= cap:
+                        capped.add(rule.id)
+                        break
+                    try:
+                        rewrite = rule.find(model, graph, node)
+                    except NoRewrite as exc:
+                        seen = rejections.setdefault(rule.id, [])
+                        if len(seen) < MAX_REJECTIONS_PER_RULE:
+                            seen.append(Rejection(rule.id, node.name or node.op_type, str(exc)))
+                        continue
+                    if rewrite is None:
+                        continue
+                    applications.append(
+                        _apply(model, graph, rewrite, names, pass_number, dims)
+                    )
+                    count += 1
+                    fired += 1
+        if not fired:
+            break
+    if applications:
+        _cleanup(model)
+    return RewriteResult(
+        tuple(applications),
+        tuple(skipped),
+        tuple(r for rs in rejections.values() for r in rs),
+        tuple(sorted(capped)),
+        passes,
+        tuple(r.id for r in active),
+    )
+
+
+def _bytes(nodes: Sequence[ir.Node], dims: Mapping[str, int] | None) -> int:
+    return sum(traffic.node_traffic(n, dims=dims).bytes_total for n in nodes)
+
+
+def _apply(model: ir.Model, graph: ir.Graph, rewrite: Rewrite, names: _Names,
+           pass_number: int, dims: Mapping[str, int] | None) -> Application:
+    """Put a rewrite into the graph: fresh names, rewiring, insertion, removal."""
+    bytes_before = _bytes(rewrite.matched_nodes, dims)
+    matched = tuple(n.name or n.op_type for n in rewrite.matched_nodes)
+    matched_ops = tuple(n.op_type for n in rewrite.matched_nodes)
+    root_name = rewrite.root.name or rewrite.root.op_type
+    init_names = []
+    for init in rewrite.new_initializers:
+        init.name = names.fresh(f"{root_name}.{init.name or 'const'}")
+        init_names.append(init.name)
+        graph.register_initializer(init)
+    for value in rewrite.new_nodes:
+        value.metadata_props[RULE_TAG] = rewrite.rule_id
+    old_names = set(matched)
+    for index, node in enumerate(rewrite.new_nodes):
+        hint = rewrite.name_hints.get(index) or root_name
+        if hint in old_names:
+            names.used.discard(hint)
+            old_names.discard(hint)
+        node.name = names.fresh(hint)
+    for index, (old, new) in enumerate(zip(rewrite.old_outputs, rewrite.new_outputs)):
+        if rewrite.aliases.get(index):
+            ir.convenience.replace_all_uses_with(old, new)
+            continue
+        if old.type is not None:
+            new.type = old.type
+        if old.shape is not None:
+            new.shape = old.shape
+        new.name = old.name
+        old.name = None
+        ir.convenience.replace_all_uses_with(old, new, replace_graph_outputs=True)
+    for node in rewrite.new_nodes:
+        for value in node.outputs:
+            if value.name is None:
+                value.name = names.fresh(f"{node.name}_out")
+    graph.insert_after(rewrite.root, rewrite.new_nodes)
+    graph.remove(rewrite.matched_nodes, safe=True)
+    for domain, version in rewrite.opsets.items():
+        if domain not in model.opset_imports:
+            model.opset_imports[domain] = version
+    _infer_new_shapes(rewrite.new_nodes, model)
+    bytes_after = _bytes(rewrite.new_nodes, dims)
+    return Application(
+        rewrite.rule_id,
+        graph.name or "",
+        matched,
+        matched_ops,
+        tuple(n.name or "" for n in rewrite.new_nodes),
+        tuple(n.op_type for n in rewrite.new_nodes),
+        tuple(init_names),
+        bytes_before,
+        bytes_after,
+        pass_number,
+    )
+
+
+def _infer_new_shapes(nodes: Sequence[ir.Node], model: ir.Model) -> None:
+    """Give new intermediate values a shape so later rules and the traffic model see it."""
+    from .shapes import infer_node
+
+    for node in nodes:
+        if any(v.shape is None or v.type is None for v in node.outputs):
+            infer_node(node, model.opset_imports)
+
+
+def _cleanup(model: ir.Model) -> None:
+    """Drop what rewriting left unused (old weights, folded constants), keep order valid."""
+    from onnx_ir.passes.common import RemoveUnusedNodesPass, TopologicalSortPass
+
+    RemoveUnusedNodesPass()(model)
+    for graph in _graphs(model):
+        if graph is model.graph:
+            continue
+        used = {id(v) for node in graph for v in node.inputs if v is not None}
+        used |= {id(v) for v in graph.outputs}
+        for name, value in list(graph.initializers.items()):
+            if id(value) not in used and not value.uses() and not value.is_graph_output():
+                del graph.initializers[name]
+    TopologicalSortPass()(model)

@@ -1,0 +1,243 @@
+"""Run the tests embedded in rules: build each model, apply the rule alone, check
+the expectations, and check numerically on onnxruntime that the outputs did not change.
+
+A test model is ONNX text. Initializers declared without data
+(``<float[4,3,3,3] W>``) get seeded random values, which ``init:`` can shape
+(``uniform(lo, hi)``, ``normal(mean, std)``, ``randint(lo, hi)``, a number or a list).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+from .compile import CompiledRule
+from .prepare import detach_legacy_initializer_inputs, prepare
+from .rewrite import apply_rules
+from .rulefile import RuleTest
+
+_DTYPES = {
+    "float": np.float32,
+    "float16": np.float16,
+    "double": np.float64,
+    "int64": np.int64,
+    "int32": np.int32,
+    "int16": np.int16,
+    "int8": np.int8,
+    "uint8": np.uint8,
+    "bool": np.bool_,
+}
+_DECLARATION = re.compile(r"^\s*([a-z0-9]+)\s*(?:\[([^\]]*)\])?\s+([A-Za-z_][\w.]*)\s*$")
+
+
+@dataclass(frozen=True)
+class TestOutcome:
+    """The result of one embedded test."""
+
+    rule_id: str
+    test: str
+    passed: bool
+    fires: int
+    problems: tuple[str, ...]
+    location: str
+    seconds: float
+    max_abs_error: float | None = None
+
+
+class TestModelError(Exception):
+    """The embedded model does not parse or does not check."""
+
+
+def _matching(text: str, start: int, open_ch: str, close_ch: str) -> int:
+    depth = 0
+    for i in range(start, len(text)):
+        if text[i] == open_ch:
+            depth += 1
+        elif text[i] == close_ch:
+            depth -= 1
+            if depth == 0:
+                return i
+    raise TestModelError(f"unbalanced {open_ch}{close_ch} in the test model")
+
+
+def _split_declarations(text: str) -> list[str]:
+    items, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch in "{[(":
+            depth += 1
+        elif ch in "}])":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+    items.append(text[start:])
+    return [item for item in items if item.strip()]
+
+
+def strip_dataless_initializers(text: str) -> tuple[str, list[tuple[str, Any, tuple[int, ...]]]]:
+    """Remove ``<float[4] W>``-style declarations (onnx's parser drops them silently)
+    and return them so that the caller can supply data."""
+    arrow = text.find("=>")
+    if arrow < 0:
+        return text, []
+    open_paren = text.find("(", arrow)
+    close_paren = _matching(text, open_paren, "(", ")")
+    rest = text[close_paren + 1 :]
+    stripped = rest.lstrip()
+    if not stripped.startswith("<"):
+        return text, []
+    block_start = close_paren + 1 + (len(rest) - len(stripped))
+    block_end = _matching(text, block_start, "<", ">")
+    kept, declared = [], []
+    for item in _split_declarations(text[block_start + 1 : block_end]):
+        if "=" in item:
+            kept.append(item.strip())
+            continue
+        m = _DECLARATION.match(item)
+        if not m or m.group(1) not in _DTYPES:
+            raise TestModelError(f"cannot read initializer declaration {item.strip()!r}")
+        dims = tuple(int(d) for d in m.group(2).split(",") if d.strip()) if m.group(2) else ()
+        declared.append((m.group(3), _DTYPES[m.group(1)], dims))
+    block = f"<{', '.join(kept)}>" if kept else ""
+    return text[:block_start] + block + text[block_end + 1 :], declared
+
+
+def _sample(spec: Any, dtype: Any, dims: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    if isinstance(spec, (int, float)):
+        return np.full(dims, spec, dtype=dtype)
+    if isinstance(spec, list):
+        return np.asarray(spec, dtype=dtype).reshape(dims)
+    m = re.fullmatch(r"(uniform|normal|randint)\(\s*([-+.\deE]+)\s*,\s*([-+.\deE]+)\s*\)", spec)
+    if not m:
+        raise TestModelError(f"bad init spec {spec!r}")
+    kind, a, b = m.group(1), float(m.group(2)), float(m.group(3))
+    if kind == "uniform":
+        return rng.uniform(a, b, dims).astype(dtype)
+    if kind == "normal":
+        return rng.normal(a, b, dims).astype(dtype)
+    return rng.integers(int(a), int(b), dims).astype(dtype)
+
+
+def build_test_model(test: RuleTest, seed: int = 0) -> onnx.ModelProto:
+    """The test's model with every data-less initializer filled in, checked by onnx."""
+    text, declared = strip_dataless_initializers(test.model)
+    try:
+        proto = onnx.parser.parse_model(text)
+    except Exception as exc:  # noqa: BLE001 - the parser raises several types
+        raise TestModelError(f"test model does not parse: {str(exc).splitlines()[0]}") from None
+    rng = np.random.default_rng(seed)
+    init = dict(test.init)
+    for name, dtype, dims in declared:
+        default = "uniform(-1, 1)" if np.dtype(dtype).kind == "f" else "randint(0, 4)"
+        array = _sample(init.pop(name, default), dtype, dims, rng)
+        proto.graph.initializer.append(onnx.numpy_helper.from_array(array, name))
+    for existing in proto.graph.initializer:
+        if existing.name in init:
+            array = onnx.numpy_helper.to_array(existing)
+            new = _sample(init.pop(existing.name), array.dtype, array.shape, rng)
+            existing.CopyFrom(onnx.numpy_helper.from_array(new, existing.name))
+    if init:
+        raise TestModelError(f"init names unknown initializers: {', '.join(sorted(init))}")
+    try:
+        onnx.checker.check_model(proto, full_check=True)
+    except Exception as exc:  # noqa: BLE001
+        raise TestModelError(f"test model fails onnx's checker: {str(exc).splitlines()[0]}"
+                             ) from None
+    return proto
+
+
+def op_histogram(graph: ir.Graph) -> Counter[str]:
+    """Ops of a graph keyed like rule expectations: ``Conv``, ``com.microsoft.FusedConv``."""
+    return Counter(f"{n.domain}.{n.op_type}" if n.domain else n.op_type for n in graph)
+
+
+def run_rule_test(rule: CompiledRule, test: RuleTest, *, seed: int = 0,
+                  target: str | None = None) -> TestOutcome:
+    """Apply ``rule`` alone to the test model and check expectations and numerics."""
+    from .validate import ValidationOptions, validate
+
+    start = time.perf_counter()
+    location = f"{rule.rule.file}:{test.line}"
+    try:
+        proto = build_test_model(test, seed)
+    except TestModelError as exc:
+        return TestOutcome(rule.id, test.name, False, 0, (str(exc),), location,
+                           time.perf_counter() - start)
+    model = ir.serde.deserialize_model(proto)
+    detach_legacy_initializer_inputs(model)
+    prepare(model)
+    targets = [t for t in rule.rule.when.targets if t != "any"]
+    result = apply_rules(model, [rule], target=target or (targets[0] if targets else "onnx"))
+    fires = len(result.applications)
+    problems: list[str] = []
+    expect = test.expect
+    if expect.fires is not None and fires != expect.fires:
+        why = ""
+        if fires == 0:
+            reasons = [r.reason for r in result.rejections] + [r for _, r in result.skipped]
+            why = f" ({reasons[0]})" if reasons else " (no structural match)"
+        problems.append(f"fired {fires} times, expected {expect.fires}{why}")
+    ops = op_histogram(model.graph)
+    for op, count in expect.ops:
+        if ops.get(op, 0) != count:
+            problems.append(f"{op}: {ops.get(op, 0)} nodes after rewriting, expected {count}")
+    nodes = sum(ops.values())
+    if expect.nodes is not None and nodes != expect.nodes:
+        problems.append(f"{nodes} nodes after rewriting, expected {expect.nodes}")
+    max_abs = None
+    if fires:
+        try:
+            onnx.checker.check_model(ir.to_proto(model), full_check=True)
+        except Exception as exc:  # noqa: BLE001
+            problems.append(f"rewritten model fails onnx's checker: {str(exc).splitlines()[0]}")
+        options = ValidationOptions(seed=seed, rtol=test.rtol, atol=test.atol)
+        outcome = validate(ir.serde.deserialize_model(proto), model, options)
+        errors = [o.max_abs for o in outcome.outputs if o.max_abs == o.max_abs]
+        max_abs = max(errors) if errors else None
+        if not outcome.passed:
+            detail = outcome.error or "; ".join(
+                f"{o.name}: {o.reason or f'max abs error {o.max_abs:.3g}'}"
+                for o in outcome.outputs if not o.passed
+            )
+            problems.append(f"outputs changed: {detail}")
+    return TestOutcome(rule.id, test.name, not problems, fires, tuple(problems), location,
+                       time.perf_counter() - start, max_abs)
+
+
+def run_tests(rules: Iterable[CompiledRule], *, seed: int = 0,
+              on_result: Callable[[TestOutcome], None] | None = None) -> list[TestOutcome]:
+    """Every embedded test of every rule, in order."""
+    outcomes = []
+    for rule in rules:
+        for test in rule.rule.tests:
+            outcome = run_rule_test(rule, test, seed=seed)
+            outcomes.append(outcome)
+            if on_result:
+                on_result(outcome)
+    return outcomes
+
+
+def lint_tests(rules: Iterable[CompiledRule]) -> list[str]:
+    """Rules must prove both sides: a test that fires and a test that must not."""
+    problems = []
+    for rule in rules:
+        fires = [t for t in rule.rule.tests if (t.expect.fires or 0) > 0]
+        silent = [t for t in rule.rule.tests if t.expect.fires == 0]
+        if not fires:
+            problems.append(f"{rule.rule.source}: rule {rule.id} has no test that fires")
+        if not silent:
+            problems.append(f"{rule.rule.source}: rule {rule.id} has no test that must not fire")
+        for test in rule.rule.tests:
+            try:
+                build_test_model(test)
+            except TestModelError as exc:
+                problems.append(f"{rule.rule.file}:{test.line}: test {test.name}: {exc}")
+    return problems

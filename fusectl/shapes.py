@@ -1,0 +1,64 @@
+"""Shapes for the values rules create, so later rules and the traffic model see them.
+
+Whole-model inference runs once before rewriting (onnx-ir's ShapeInferencePass);
+after that only new nodes need shapes, and onnx infers one node at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import onnx
+import onnx_ir as ir
+
+
+def infer_node(node: ir.Node, opsets: Mapping[str, int]) -> bool:
+    """Fill in missing output types and shapes of ``node`` from its inputs; best effort."""
+    try:
+        schema = onnx.defs.get_schema(node.op_type, opsets.get(node.domain, 1), node.domain)
+    except onnx.defs.SchemaError:
+        return False
+    input_types = {}
+    for index, value in enumerate(node.inputs):
+        if value is None:
+            continue
+        if value.type is None:
+            return False
+        name = value.name or f"__in{index}"
+        proto = onnx.TypeProto()
+        ir.serde.serialize_type_into(proto, value.type)
+        if value.shape is not None:
+            ir.serde.serialize_shape_into(proto, value.shape)
+        input_types[name] = proto
+    try:
+        node_proto = ir.serde.serialize_node(node)
+        for index, value in enumerate(node.inputs):
+            if value is not None and not value.name:
+                node_proto.input[index] = f"__in{index}"
+        for index, value in enumerate(node.outputs):
+            if not value.name:
+                node_proto.output[index] = f"__out{index}"
+        inferred = onnx.shape_inference.infer_node_outputs(
+            schema, node_proto, input_types, opset_imports=[
+                onnx.helper.make_opsetid(d, v) for d, v in opsets.items()
+            ],
+        )
+    except Exception:  # noqa: BLE001 - inference is an optimisation, never fatal
+        return False
+    for index, value in enumerate(node.outputs):
+        proto = inferred.get(node_proto.output[index])
+        if proto is None or not proto.HasField("tensor_type"):
+            continue
+        if value.type is None:
+            value.type = ir.TensorType(ir.DataType(proto.tensor_type.elem_type))
+        if value.shape is None and proto.tensor_type.HasField("shape"):
+            dims = []
+            for dim in proto.tensor_type.shape.dim:
+                if dim.HasField("dim_value"):
+                    dims.append(dim.dim_value)
+                elif dim.HasField("dim_param"):
+                    dims.append(dim.dim_param)
+                else:
+                    dims.append(None)
+            value.shape = ir.Shape(dims)
+    return True

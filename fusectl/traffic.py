@@ -1,0 +1,1048 @@
+"""Memory-traffic and FLOPs model: what each kernel of a model reads, writes and computes.
+
+Why this exists: fusectl's whole pitch is "this fusion saves N bytes of memory traffic".
+That number is only honest if every node is costed by one simple, documented model that
+works the same on the original graph, on matched subgraphs the rewriter is about to
+replace, and on the replacement nodes.  The model (product spec):
+
+* Every node is one kernel.  It reads each *distinct* input tensor once and writes each
+  output once.  ``bytes = elements * dtype size``; sub-byte dtypes (INT4, FLOAT4E2M1, ...)
+  are ``ceil(elements * bits / 8)`` over the whole tensor.
+* Weights (initializers that are not graph inputs, outputs of ``Constant`` nodes) are read
+  by the kernel that consumes them.  A node whose inputs are all constant is folded at load
+  time: 0 bytes, 0 FLOPs, not a kernel.
+* View ops (Reshape, Flatten, Squeeze, Unsqueeze, Identity, Dropout) move 0 bytes but are
+  still kernels.  Shape and Size read only metadata (0 bytes read) and write their output.
+* A fused kernel (a call of a model-local function, or any node in a non-ONNX domain)
+  reads its external inputs and writes its outputs; the body's intermediates never touch
+  memory.  Its FLOPs are those of its body.
+* Control-flow nodes (If/Loop/Scan, or any node carrying a graph attribute) are costed by
+  their own inputs and outputs only; the subgraph bodies are not counted (not their bytes,
+  not their FLOPs - the op is listed as "not counted").
+
+Shapes are read from ``value.shape``/``value.dtype`` (falling back to the metadata of
+``value.const_value`` or of a ``Constant`` node's attribute).  Tensor *data* is never read,
+so lazily loaded external data (>2 GB models) stays on disk.
+
+Symbolic dims are bound through ``dims``.  An unbound named dim counts as **1** (so a
+dynamic batch defaults to batch size 1).  Anonymous dims - ``SymbolicDim(None)`` and the
+``unk__<n>`` names ONNX shape inference invents for dims it could not infer - are unknown
+unless bound explicitly; a node touching an unknown shape or dtype gets ``known=False``
+and only its known tensors are counted.
+
+FLOPs conventions (a multiply-add is 2 FLOPs; MACs are reported for Conv, ConvTranspose,
+Gemm and MatMul and their quantized variants, 0 elsewhere):
+
+* Conv: ``2 * N*Cout*spatial_out * (Cin/group)*prod(kernel)`` + one add per output
+  element when there is a bias.  ConvTranspose: ``2 * N*Cin*spatial_in *
+  (Cout/group)*prod(kernel)`` (+ bias adds).  Gemm: ``2*M*N*K`` + ``M*N`` when C is given
+  (alpha/beta ignored).  MatMul: ``2 * prod(broadcast batch) * M*N*K``.
+* Elementwise unary/binary ops: 1 per output element.  Transcendentals (Exp, Erf, Tanh,
+  Sigmoid, Sqrt, ...) are deliberately also 1: we count operations, not instruction
+  latency.  Variadic Sum/Max/Min: ``inputs - 1`` per element; Mean: ``inputs``.
+  Quantize/DequantizeLinear: 2 per element.
+* Reductions (Reduce*, ArgMax/ArgMin): 1 per *input* element.  Softmax/LogSoftmax: 5 per
+  element.  BatchNormalization: 2 per element (inference: a folded scale and shift).
+  Layer/RMS/Instance/Group normalization and MeanVarianceNormalization: 8 per element.
+  LpNormalization: 3 per element.  Gelu: 8 per element.
+* Pools: output elements * prod(kernel_shape); global pools: 1 per input element.
+* Pure data movement (Transpose, Concat, Gather, Slice, Cast, Pad, ...) and views: 0.
+* Anything else (Einsum, LSTM, Resize, TopK, control flow, ...): 0 FLOPs and the node is
+  flagged ``flops_counted=False`` so reports can list it as "not counted".
+* A non-ONNX-domain node without a local function body: a few well-known
+  ``com.microsoft`` ops are costed like their ONNX equivalents; anything else gets the
+  elementwise estimate (1 per output element).
+* A function call: the sum of its body nodes' FLOPs, with body shapes propagated from the
+  call site (the body usually has no shape annotations).  A body node whose FLOPs cannot
+  be determined is estimated as elementwise over the call's outputs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import onnx_ir as ir
+
+from fusectl.errors import BadInputError
+
+__all__ = [
+    "NodeTraffic",
+    "TrafficReport",
+    "constant_values",
+    "measure",
+    "node_traffic",
+]
+
+Dims = tuple[int, ...]
+ShapeOf = Callable[[ir.Value | None], Dims | None]
+AttrOf = Callable[[str], object]
+FunctionKey = tuple[str, str, str]
+
+# ---------------------------------------------------------------------------------------
+# Public data model
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NodeTraffic:
+    """Cost of one node as one kernel launch; immutable so reports can be shared freely."""
+
+    name: str
+    op_type: str
+    domain: str
+    bytes_read: int
+    bytes_written: int
+    flops: int
+    param_bytes: int
+    is_kernel: bool
+    known: bool
+    macs: int = 0
+    flops_counted: bool = True
+
+    @property
+    def bytes_total(self) -> int:
+        """Bytes this kernel moves; the figure fusions are ranked by."""
+        return self.bytes_read + self.bytes_written
+
+
+@dataclass(frozen=True)
+class TrafficReport:
+    """Per-node costs of a graph plus the totals users care about.
+
+    ``distinct_param_bytes`` is filled by :func:`measure`: a weight shared by two kernels
+    is read by both (it is in both nodes' ``param_bytes``) but only occupies memory once.
+    When it is None (a report assembled by hand) ``param_bytes`` falls back to the sum of
+    the nodes' ``param_bytes``.
+    """
+
+    nodes: tuple[NodeTraffic, ...]
+    distinct_param_bytes: int | None = None
+
+    @property
+    def total_bytes(self) -> int:
+        """All bytes read and written by all kernels."""
+        return sum(n.bytes_read + n.bytes_written for n in self.nodes)
+
+    @property
+    def bytes_read(self) -> int:
+        """All bytes read by all kernels."""
+        return sum(n.bytes_read for n in self.nodes)
+
+    @property
+    def bytes_written(self) -> int:
+        """All bytes written by all kernels."""
+        return sum(n.bytes_written for n in self.nodes)
+
+    @property
+    def kernel_count(self) -> int:
+        """Nodes that launch at run time (folded constants excluded)."""
+        return sum(1 for n in self.nodes if n.is_kernel)
+
+    @property
+    def node_count(self) -> int:
+        """All nodes of the graph, folded or not."""
+        return len(self.nodes)
+
+    @property
+    def flops(self) -> int:
+        """Total FLOPs (multiply-add = 2) over the counted ops."""
+        return sum(n.flops for n in self.nodes)
+
+    @property
+    def macs(self) -> int:
+        """Total multiply-accumulates of the MAC-shaped ops (Conv, Gemm, MatMul, ...)."""
+        return sum(n.macs for n in self.nodes)
+
+    @property
+    def param_bytes(self) -> int:
+        """Bytes of distinct constant tensors read by kernels, each counted once."""
+        if self.distinct_param_bytes is not None:
+            return self.distinct_param_bytes
+        return sum(n.param_bytes for n in self.nodes)
+
+    @property
+    def unknown_nodes(self) -> int:
+        """Nodes whose cost is a lower bound because some shape/dtype was unknown."""
+        return sum(1 for n in self.nodes if not n.known)
+
+    @property
+    def not_counted(self) -> tuple[str, ...]:
+        """Op types (``domain::op`` outside ONNX) whose FLOPs the model does not know."""
+        ops = {_qualified_op(n.domain, n.op_type) for n in self.nodes if not n.flops_counted}
+        return tuple(sorted(ops))
+
+    def top(self, n: int) -> list[NodeTraffic]:
+        """The ``n`` heaviest nodes by bytes moved, heaviest first (ties keep graph order)."""
+        if n <= 0:
+            return []
+        return sorted(self.nodes, key=lambda t: t.bytes_total, reverse=True)[:n]
+
+    def by_op(self) -> dict[str, int]:
+        """Bytes moved per op type, largest first (ties in first-seen order)."""
+        totals: dict[str, int] = {}
+        for t in self.nodes:
+            totals[t.op_type] = totals.get(t.op_type, 0) + t.bytes_total
+        return dict(sorted(totals.items(), key=lambda kv: kv[1], reverse=True))
+
+
+# ---------------------------------------------------------------------------------------
+# Op tables
+# ---------------------------------------------------------------------------------------
+
+_ONNX_DOMAINS = frozenset({"", "ai.onnx"})
+# Official ONNX domains: their ops are ordinary kernels, not "fused" custom ones.
+_STANDARD_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "ai.onnx.preview.training"})
+
+_VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"})
+_METADATA_OPS = frozenset({"Shape", "Size"})
+_CONTROL_FLOW_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
+# Never folded even with constant inputs: the runtime must draw fresh values each run.
+_NONDETERMINISTIC_OPS = frozenset(
+    {
+        "RandomNormal",
+        "RandomUniform",
+        "RandomNormalLike",
+        "RandomUniformLike",
+        "Multinomial",
+        "Bernoulli",
+    }
+)
+
+
+def _names(text: str) -> list[str]:
+    return text.split()
+
+
+_UNARY_OPS = (
+    "Abs Neg Exp Log Sqrt Reciprocal Relu LeakyRelu Sigmoid HardSigmoid HardSwish Tanh Erf "
+    "Floor Ceil Round Sign Sin Cos Tan Asin Acos Atan Sinh Cosh Asinh Acosh Atanh Softplus "
+    "Softsign Elu Selu Celu Mish ThresholdedRelu Shrink Not IsNaN IsInf BitwiseNot Clip"
+)
+_BINARY_OPS = (
+    "Add Sub Mul Div Pow Mod PRelu And Or Xor Equal Greater Less GreaterOrEqual LessOrEqual "
+    "BitShift BitwiseAnd BitwiseOr BitwiseXor Where"
+)
+# FLOPs per output element.
+_PER_OUTPUT: dict[str, int] = {op: 1 for op in _names(_UNARY_OPS + " " + _BINARY_OPS)}
+_PER_OUTPUT.update({"Gelu": 8, "QuantizeLinear": 2, "DequantizeLinear": 2})
+_VARIADIC_OPS = frozenset({"Sum", "Max", "Min", "Mean"})
+# FLOPs per element of input 0.
+_PER_INPUT: dict[str, int] = {
+    op: 1
+    for op in _names(
+        "ReduceSum ReduceMean ReduceMax ReduceMin ReduceProd ReduceL1 ReduceL2 ReduceLogSum "
+        "ReduceLogSumExp ReduceSumSquare ArgMax ArgMin GlobalAveragePool GlobalMaxPool "
+        "GlobalLpPool Hardmax"
+    )
+}
+_PER_INPUT.update(
+    {
+        "Softmax": 5,
+        "LogSoftmax": 5,
+        "BatchNormalization": 2,
+        "LayerNormalization": 8,
+        "RMSNormalization": 8,
+        "InstanceNormalization": 8,
+        "GroupNormalization": 8,
+        "MeanVarianceNormalization": 8,
+        "LpNormalization": 3,
+    }
+)
+_ZERO_FLOP_OPS = (
+    frozenset(
+        _names(
+            "Transpose Concat Split Slice Gather GatherElements GatherND Scatter ScatterElements "
+            "ScatterND Expand Tile Pad Cast CastLike DepthToSpace SpaceToDepth ConstantOfShape "
+            "Constant Compress NonZero OneHot ReverseSequence Trilu EyeLike Range "
+            "SequenceConstruct SequenceAt SequenceInsert SequenceErase SequenceLength "
+            "SequenceEmpty SplitToSequence ConcatFromSequence Optional OptionalGetElement "
+            "OptionalHasElement"
+        )
+    )
+    | _VIEW_OPS
+    | _METADATA_OPS
+)
+_POOL_OPS = frozenset({"MaxPool", "AveragePool", "LpPool"})
+_REDUCE_OPS = frozenset(op for op in _PER_INPUT if op.startswith("Reduce"))
+# (x index, w index, bias index or None)
+_CONV_LAYOUT: dict[str, tuple[int, int, int | None]] = {
+    "Conv": (0, 1, 2),
+    "ConvInteger": (0, 1, None),
+    "QLinearConv": (0, 3, 8),
+}
+_MATMUL_LAYOUT: dict[str, tuple[int, int]] = {
+    "MatMul": (0, 1),
+    "MatMulInteger": (0, 1),
+    "QLinearMatMul": (0, 3),
+}
+# Well-known onnxruntime contrib ops, costed like their ONNX counterpart.
+_CONTRIB_EQUIVALENT: dict[str, str] = {
+    "Gelu": "Gelu",
+    "FastGelu": "Gelu",
+    "BiasGelu": "Gelu",
+    "QuickGelu": "Gelu",
+    "FusedConv": "Conv",
+    "SkipLayerNormalization": "LayerNormalization",
+    "SkipSimplifiedLayerNormalization": "LayerNormalization",
+    "SimplifiedLayerNormalization": "LayerNormalization",
+}
+
+_MISSING = object()
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ANONYMOUS = re.compile(r"^unk__\d+$")
+
+_BITS: dict[ir.DataType, int] = {}
+for _dt in ir.DataType:
+    with contextlib.suppress(TypeError, ValueError):  # STRING, UNDEFINED: no fixed size
+        _BITS[_dt] = _dt.bitwidth
+
+
+def _qualified_op(domain: str, op_type: str) -> str:
+    return op_type if domain in _ONNX_DOMAINS else f"{domain}::{op_type}"
+
+
+# ---------------------------------------------------------------------------------------
+# Constness
+# ---------------------------------------------------------------------------------------
+
+
+def _is_constant_node(node: ir.Node) -> bool:
+    return node.op_type == "Constant" and node.domain in _ONNX_DOMAINS
+
+
+def _has_subgraph(node: ir.Node) -> bool:
+    if node.domain in _ONNX_DOMAINS:  # only the control-flow ops carry graphs in ONNX
+        return node.op_type in _CONTROL_FLOW_OPS
+    attributes = node.attributes
+    if not attributes:
+        return False
+    for attr in attributes.values():
+        if attr.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS):
+            return True
+    return False
+
+
+def _can_fold(node: ir.Node) -> bool:
+    """Whether ``node`` would be folded if all its inputs were constant.
+
+    Control-flow nodes are never folded: their bodies may capture non-constant outer
+    values we do not look at.  Random ops are never folded either.
+    """
+    if node.op_type in _NONDETERMINISTIC_OPS and node.domain in _ONNX_DOMAINS:
+        return False
+    return not _has_subgraph(node)
+
+
+def _is_folded(
+    node: ir.Node, is_const: Callable[[ir.Value], bool], *, foldable: bool | None = None
+) -> bool:
+    """Whether ``node`` is folded at load time; ``foldable`` skips recomputing _can_fold."""
+    if _is_constant_node(node):
+        return True
+    if not (_can_fold(node) if foldable is None else foldable):
+        return False
+    has_input = False
+    for value in node.inputs:
+        if value is None:
+            continue
+        has_input = True
+        if not is_const(value):
+            return False
+    return has_input
+
+
+def _is_weight(value: ir.Value) -> bool:
+    """A constant by declaration: an initializer (not overridable) or a Constant output."""
+    if value.is_initializer() and not value.is_graph_input():
+        return True
+    producer = value.producer()
+    return producer is not None and _is_constant_node(producer)
+
+
+def constant_values(graph: ir.Graph) -> set[ir.Value]:
+    """Values of ``graph`` known at load time, which a runtime would constant-fold.
+
+    Seeds are initializers that are not graph inputs (a graph input may override them)
+    and outputs of Constant nodes; then every output of a node whose inputs are all
+    constant.  Propagation is a worklist over uses, so it is linear and does not depend on
+    the nodes being stored in topological order.  Only the main graph's nodes are
+    considered.
+    """
+    constants: set[ir.Value] = {v for v in graph.initializers.values() if not v.is_graph_input()}
+    nodes = list(graph)
+    for node in nodes:
+        if _is_constant_node(node):
+            constants.update(node.outputs)
+
+    remaining: dict[ir.Node, int] = {}
+    ready: list[ir.Node] = []
+    for node in nodes:
+        if _is_constant_node(node) or not _can_fold(node):
+            continue
+        pending = 0
+        has_input = False
+        for value in node.inputs:
+            if value is None:
+                continue
+            has_input = True
+            if value not in constants:
+                pending += 1
+        if not has_input:
+            continue
+        remaining[node] = pending
+        if pending == 0:
+            ready.append(node)
+
+    while ready:
+        node = ready.pop()
+        for out in node.outputs:
+            if out in constants:
+                continue
+            constants.add(out)
+            for use in out.uses():
+                consumer = use.node
+                count = remaining.get(consumer)
+                if count is None:  # not foldable, or lives in a subgraph
+                    continue
+                remaining[consumer] = count - 1
+                if count == 1:
+                    ready.append(consumer)
+    return constants
+
+
+# ---------------------------------------------------------------------------------------
+# Shapes and bytes
+# ---------------------------------------------------------------------------------------
+
+
+class _Ctx:
+    """Per-call state: dim bindings, local functions and memo tables."""
+
+    __slots__ = ("dims", "functions", "symbols", "shapes", "sizes", "fn_cache", "stack")
+
+    def __init__(self, dims: Mapping[str, int], functions: Mapping[FunctionKey, ir.Function]):
+        self.dims = dims
+        self.functions = functions
+        self.symbols: dict[str, int | None] = {}
+        self.shapes: dict[ir.Value, Dims | None] = {}
+        self.sizes: dict[ir.Value, int | None] = {}
+        self.fn_cache: dict[object, _Flops] = {}
+        self.stack: set[FunctionKey] = set()
+
+    def dim(self, d: object) -> int | None:
+        if isinstance(d, int):
+            return d
+        name = getattr(d, "value", None)
+        if name is None:
+            return None
+        if not isinstance(name, str):
+            name = str(name)
+        cached = self.symbols.get(name, _MISSING)
+        if cached is not _MISSING:
+            return cached  # type: ignore[return-value]
+        result = self.dims.get(name)
+        if result is None:
+            if _IDENTIFIER.match(name):
+                result = None if _ANONYMOUS.match(name) else 1
+            else:
+                result = self._expression(d)
+        self.symbols[name] = result
+        return result
+
+    def _expression(self, d: object) -> int | None:
+        """A dim like ``N*2``: bind its symbols (unbound named ones as 1) and evaluate."""
+        result: int | None = None
+        try:
+            symbols = {str(s) for s in d.free_symbols()}  # type: ignore[attr-defined]
+            if not any(_ANONYMOUS.match(s) and s not in self.dims for s in symbols):
+                bindings = {s: self.dims.get(s, 1) for s in symbols}
+                value = d.evaluate(bindings)  # type: ignore[attr-defined]
+                result = value if isinstance(value, int) else None
+        except Exception:  # a dim we cannot parse is just unknown
+            result = None
+        return result
+
+    def shape(self, value: ir.Value | None) -> Dims | None:
+        if value is None:
+            return None
+        cached = self.shapes.get(value, _MISSING)
+        if cached is not _MISSING:
+            return cached  # type: ignore[return-value]
+        result = self._shape(value)
+        self.shapes[value] = result
+        return result
+
+    def _shape(self, value: ir.Value) -> Dims | None:
+        shape = value.shape
+        if shape is None:
+            tensor = value.const_value
+            if tensor is not None:
+                shape = tensor.shape
+            else:
+                meta = _constant_attr_meta(value)
+                if meta is None:
+                    return None
+                return meta[0]
+        dims: list[int] = []
+        for d in shape:
+            n = self.dim(d)
+            if n is None:
+                return None
+            dims.append(n)
+        return tuple(dims)
+
+    def nbytes(self, value: ir.Value) -> int | None:
+        cached = self.sizes.get(value, _MISSING)
+        if cached is not _MISSING:
+            return cached  # type: ignore[return-value]
+        result: int | None = None
+        bits = _BITS.get(_dtype(value))  # type: ignore[arg-type]
+        if bits is not None:
+            shape = self.shape(value)
+            if shape is not None:
+                result = (math.prod(shape) * bits + 7) // 8
+        self.sizes[value] = result
+        return result
+
+
+def _dtype(value: ir.Value) -> ir.DataType | None:
+    dtype = value.dtype
+    if dtype is not None:
+        return dtype
+    tensor = value.const_value
+    if tensor is not None:
+        return tensor.dtype
+    meta = _constant_attr_meta(value)
+    return None if meta is None else meta[1]
+
+
+_SCALAR_ATTRS: dict[str, tuple[bool, ir.DataType]] = {
+    "value_float": (False, ir.DataType.FLOAT),
+    "value_floats": (True, ir.DataType.FLOAT),
+    "value_int": (False, ir.DataType.INT64),
+    "value_ints": (True, ir.DataType.INT64),
+    "value_string": (False, ir.DataType.STRING),
+    "value_strings": (True, ir.DataType.STRING),
+}
+
+
+def _constant_attr_meta(value: ir.Value) -> tuple[Dims, ir.DataType] | None:
+    """Shape/dtype of a Constant node's output from its attribute (shape inference missing)."""
+    producer = value.producer()
+    if producer is None or not _is_constant_node(producer):
+        return None
+    for name, attr in producer.attributes.items():
+        if attr.is_ref():
+            return None
+        if name == "value":
+            tensor = attr.value
+            return tuple(int(d) for d in tensor.shape), tensor.dtype
+        if name in _SCALAR_ATTRS:
+            is_list, dtype = _SCALAR_ATTRS[name]
+            return ((len(attr.value),) if is_list else ()), dtype
+    return None
+
+
+# ---------------------------------------------------------------------------------------
+# FLOPs
+# ---------------------------------------------------------------------------------------
+
+
+class _Flops(NamedTuple):
+    flops: int
+    macs: int
+    status: str  # "ok" | "unknown" (shapes missing) | "uncounted" (op not modelled)
+
+
+_UNKNOWN = _Flops(0, 0, "unknown")
+_UNCOUNTED = _Flops(0, 0, "uncounted")
+_ZERO = _Flops(0, 0, "ok")
+
+
+def _broadcast(shapes: Iterable[Dims | None]) -> Dims | None:
+    result: list[int] = []
+    for shape in shapes:
+        if shape is None:
+            return None
+        if len(shape) > len(result):
+            result = [1] * (len(shape) - len(result)) + result
+        offset = len(result) - len(shape)
+        for i, d in enumerate(shape):
+            cur = result[offset + i]
+            if cur == 1 or d == cur:
+                result[offset + i] = d
+            elif d != 1:
+                return None
+    return tuple(result)
+
+
+def _ints(attr_of: AttrOf, name: str) -> list[int] | None:
+    value = attr_of(name)
+    if value is None:
+        return None
+    return [int(v) for v in value]  # type: ignore[attr-defined]
+
+
+def _int(attr_of: AttrOf, name: str, default: int) -> int:
+    value = attr_of(name)
+    return default if value is None else int(value)  # type: ignore[call-overload]
+
+
+def _str(attr_of: AttrOf, name: str, default: str) -> str:
+    value = attr_of(name)
+    if value is None:
+        return default
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _window_out(
+    spatial: Dims, kernel: list[int], attr_of: AttrOf, *, ceil_mode: bool = False
+) -> Dims | None:
+    """Output spatial dims of a conv/pool window (ONNX formulas incl. auto_pad)."""
+    rank = len(spatial)
+    if len(kernel) != rank:
+        return None
+    strides = _ints(attr_of, "strides") or [1] * rank
+    dilations = _ints(attr_of, "dilations") or [1] * rank
+    auto_pad = _str(attr_of, "auto_pad", "NOTSET")
+    pads = _ints(attr_of, "pads") or [0] * (2 * rank)
+    if len(strides) != rank or len(dilations) != rank or len(pads) != 2 * rank:
+        return None
+    out: list[int] = []
+    for i in range(rank):
+        if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+            out.append(-(-spatial[i] // strides[i]))
+            continue
+        extent = dilations[i] * (kernel[i] - 1) + 1
+        padded = spatial[i] + (0 if auto_pad == "VALID" else pads[i] + pads[i + rank])
+        span = padded - extent
+        size = (-(-span // strides[i]) if ceil_mode else span // strides[i]) + 1
+        out.append(max(size, 0))
+    return tuple(out)
+
+
+def _infer_output(node: ir.Node, shape_of: ShapeOf, attr_of: AttrOf) -> Dims | None:
+    """Shape of output 0 from input shapes, for the common ops (function bodies lack shapes)."""
+    if node.domain not in _ONNX_DOMAINS:
+        return None
+    op = node.op_type
+    ins = node.inputs
+
+    def inp(i: int) -> Dims | None:
+        return shape_of(ins[i]) if i < len(ins) else None
+
+    if op in _PER_OUTPUT or op in _VARIADIC_OPS:
+        return _broadcast(shape_of(v) for v in ins if v is not None)
+    if (op in _PER_INPUT and op not in _REDUCE_OPS and not op.startswith(("Arg", "Global"))) or (
+        op in {"Cast", "CastLike", "Identity", "Dropout", "Hardmax"}
+    ):
+        return inp(0)
+    if op in _MATMUL_LAYOUT:
+        return _matmul_shape(inp(_MATMUL_LAYOUT[op][0]), inp(_MATMUL_LAYOUT[op][1]))[0]
+    if op == "Gemm":
+        mnk = _gemm_mnk(node, inp(0), inp(1), attr_of)
+        return None if mnk is None else (mnk[0], mnk[1])
+    if op == "Transpose":
+        x = inp(0)
+        if x is None:
+            return None
+        perm = _ints(attr_of, "perm") or list(range(len(x)))[::-1]
+        if sorted(perm) != list(range(len(x))):
+            return None
+        return tuple(x[p] for p in perm)
+    if op.startswith("Global"):
+        x = inp(0)
+        return None if x is None or len(x) < 2 else x[:2] + (1,) * (len(x) - 2)
+    if op in _REDUCE_OPS or op in ("ArgMax", "ArgMin"):
+        return _reduce_shape(node, inp(0), attr_of)
+    if op == "Flatten":
+        x = inp(0)
+        if x is None:
+            return None
+        axis = _int(attr_of, "axis", 1)
+        axis = axis + len(x) if axis < 0 else axis
+        return (math.prod(x[:axis]), math.prod(x[axis:]))
+    if op in _CONV_LAYOUT:
+        xi, wi, _ = _CONV_LAYOUT[op]
+        x, w = inp(xi), inp(wi)
+        if x is None or w is None or len(x) < 3 or len(w) != len(x):
+            return None
+        spatial = _window_out(x[2:], list(w[2:]), attr_of)
+        return None if spatial is None else (x[0], w[0], *spatial)
+    if op in _POOL_OPS:
+        x = inp(0)
+        kernel = _ints(attr_of, "kernel_shape")
+        if x is None or kernel is None or len(x) < 3:
+            return None
+        ceil_mode = bool(_int(attr_of, "ceil_mode", 0))
+        spatial = _window_out(x[2:], kernel, attr_of, ceil_mode=ceil_mode)
+        return None if spatial is None else (x[0], x[1], *spatial)
+    return None
+
+
+def _reduce_shape(node: ir.Node, x: Dims | None, attr_of: AttrOf) -> Dims | None:
+    if x is None:
+        return None
+    keepdims = bool(_int(attr_of, "keepdims", 1))
+    rank = len(x)
+    if node.op_type in ("ArgMax", "ArgMin"):
+        axes = [_int(attr_of, "axis", 0)]
+    else:
+        if len(node.inputs) > 1 and node.inputs[1] is not None:
+            return None  # axes given as a tensor: we do not read tensor data
+        axes = _ints(attr_of, "axes")
+        if not axes:
+            if _int(attr_of, "noop_with_empty_axes", 0):
+                return x
+            axes = list(range(rank))
+    norm = {a + rank if a < 0 else a for a in axes}
+    if keepdims:
+        return tuple(1 if i in norm else d for i, d in enumerate(x))
+    return tuple(d for i, d in enumerate(x) if i not in norm)
+
+
+def _matmul_shape(a: Dims | None, b: Dims | None) -> tuple[Dims | None, int]:
+    """(output shape, MACs) of numpy-style matmul; (None, 0) when unknown."""
+    if a is None or b is None or not a or not b:
+        return None, 0
+    a2 = (1, a[0]) if len(a) == 1 else a
+    b2 = (b[0], 1) if len(b) == 1 else b
+    m, k = a2[-2], a2[-1]
+    n = b2[-1]
+    batch = _broadcast([a2[:-2], b2[:-2]])
+    if batch is None:
+        return None, 0
+    out = batch + ((m,) if len(a) > 1 else ()) + ((n,) if len(b) > 1 else ())
+    return out, math.prod(batch) * m * n * k
+
+
+def _gemm_mnk(
+    node: ir.Node, a: Dims | None, b: Dims | None, attr_of: AttrOf
+) -> tuple[int, int, int] | None:
+    if a is None or b is None or len(a) != 2 or len(b) != 2:
+        return None
+    m, k = (a[1], a[0]) if _int(attr_of, "transA", 0) else (a[0], a[1])
+    n = b[0] if _int(attr_of, "transB", 0) else b[1]
+    return m, n, k
+
+
+def _op_flops(
+    node: ir.Node, op: str, shape_of: ShapeOf, call_attrs: Mapping[str, ir.Attr] | None
+) -> _Flops:
+    """FLOPs of an ONNX-domain op (``op`` may be an ONNX equivalent of a contrib op)."""
+    # Hot path first: most nodes are elementwise, so avoid building helpers for them.
+    if op in _ZERO_FLOP_OPS:
+        return _ZERO
+    ins = node.inputs
+    if op in _PER_INPUT:
+        x = shape_of(ins[0]) if ins else None
+        return _UNKNOWN if x is None else _Flops(_PER_INPUT[op] * math.prod(x), 0, "ok")
+    outs = node.outputs
+    if op in _PER_OUTPUT and outs:
+        out = shape_of(outs[0])
+        if out is not None:
+            return _Flops(_PER_OUTPUT[op] * math.prod(out), 0, "ok")
+    attr_of = _attr_getter(node, call_attrs)
+
+    def out0() -> Dims | None:
+        shape = shape_of(node.outputs[0]) if node.outputs else None
+        return shape if shape is not None else _infer_output(node, shape_of, attr_of)
+
+    if op in _PER_OUTPUT:
+        out = out0()
+        return _UNKNOWN if out is None else _Flops(_PER_OUTPUT[op] * math.prod(out), 0, "ok")
+    if op in _VARIADIC_OPS:
+        out = out0()
+        if out is None:
+            return _UNKNOWN
+        k = sum(1 for v in ins if v is not None)
+        per = k if op == "Mean" else max(k - 1, 1)
+        return _Flops(per * math.prod(out), 0, "ok")
+
+    def inp(i: int) -> Dims | None:
+        return shape_of(ins[i]) if i < len(ins) and ins[i] is not None else None
+
+    def present(i: int) -> bool:
+        return i < len(ins) and ins[i] is not None
+
+    if op in _CONV_LAYOUT:
+        xi, wi, bi = _CONV_LAYOUT[op]
+        w = inp(wi)
+        out = out0()
+        if w is None or out is None or len(w) < 2:
+            return _UNKNOWN
+        macs = math.prod(out) * w[1] * math.prod(w[2:])
+        bias = math.prod(out) if bi is not None and present(bi) else 0
+        return _Flops(2 * macs + bias, macs, "ok")
+    if op == "ConvTranspose":
+        x, w = inp(0), inp(1)
+        if x is None or w is None or len(w) < 2:
+            return _UNKNOWN
+        macs = math.prod(x) * w[1] * math.prod(w[2:])
+        bias = 0
+        if present(2):
+            out = shape_of(node.outputs[0])
+            if out is None:
+                return _UNKNOWN
+            bias = math.prod(out)
+        return _Flops(2 * macs + bias, macs, "ok")
+    if op in _MATMUL_LAYOUT:
+        ai, bi = _MATMUL_LAYOUT[op]
+        out, macs = _matmul_shape(inp(ai), inp(bi))
+        return _UNKNOWN if out is None else _Flops(2 * macs, macs, "ok")
+    if op == "Gemm":
+        mnk = _gemm_mnk(node, inp(0), inp(1), attr_of)
+        if mnk is None:
+            return _UNKNOWN
+        m, n, k = mnk
+        return _Flops(2 * m * n * k + (m * n if present(2) else 0), m * n * k, "ok")
+    if op in _POOL_OPS:
+        kernel = _ints(attr_of, "kernel_shape")
+        out = out0()
+        if kernel is None or out is None:
+            return _UNKNOWN
+        return _Flops(math.prod(out) * math.prod(kernel), 0, "ok")
+    return _UNCOUNTED
+
+
+def _attr_getter(node: ir.Node, call_attrs: Mapping[str, ir.Attr] | None = None) -> AttrOf:
+    """Attribute lookup that resolves function-body references against the call site."""
+
+    def get(name: str) -> object:
+        attr = node.attributes.get(name)
+        if attr is None:
+            return None
+        if attr.is_ref():
+            if call_attrs is None:
+                return None
+            target = call_attrs.get(attr.ref_attr_name)  # type: ignore[arg-type]
+            return None if target is None or target.is_ref() else target.value
+        return attr.value
+
+    return get
+
+
+def _flops_of(
+    node: ir.Node, shape_of: ShapeOf, ctx: _Ctx, call_attrs: Mapping[str, ir.Attr] | None
+) -> _Flops:
+    domain, op_type = node.domain, node.op_type
+    if ctx.functions:
+        function = ctx.functions.get((domain, op_type, node.overload))
+        if function is not None:
+            return _function_flops(node, function, shape_of, ctx)
+    if domain in _ONNX_DOMAINS:
+        if _has_subgraph(node):
+            return _UNCOUNTED
+        return _op_flops(node, op_type, shape_of, call_attrs)
+    if domain in _STANDARD_DOMAINS:  # ai.onnx.ml etc.: real ops we do not model
+        return _UNCOUNTED
+    if domain == "com.microsoft" and op_type in _CONTRIB_EQUIVALENT:
+        return _op_flops(node, _CONTRIB_EQUIVALENT[op_type], shape_of, call_attrs)
+    return _elementwise_estimate(node, shape_of)
+
+
+def _elementwise_estimate(node: ir.Node, shape_of: ShapeOf) -> _Flops:
+    total = 0
+    for out in node.outputs:
+        if out.name == "":
+            continue
+        shape = shape_of(out)
+        if shape is None:
+            return _UNKNOWN
+        total += math.prod(shape)
+    return _Flops(total, 0, "ok")
+
+
+def _function_flops(node: ir.Node, function: ir.Function, shape_of: ShapeOf, ctx: _Ctx) -> _Flops:
+    """Sum of the body's FLOPs, with shapes flowing in from the call site."""
+    key: FunctionKey = function.identifier()
+    if key in ctx.stack:  # recursive function: give up on the body
+        return _elementwise_estimate(node, shape_of)
+    in_shapes = tuple(shape_of(v) for v in node.inputs)
+    out_shapes = tuple(shape_of(v) for v in node.outputs)
+    cache_key = (key, in_shapes, out_shapes) if not node.attributes else None
+    if cache_key is not None and cache_key in ctx.fn_cache:
+        return ctx.fn_cache[cache_key]
+
+    env: dict[ir.Value, Dims | None] = {}
+    for formal, shape in zip(function.inputs, in_shapes, strict=False):
+        env[formal] = shape
+    for formal, shape in zip(function.outputs, out_shapes, strict=False):
+        if shape is not None:
+            env[formal] = shape
+
+    def body_shape(value: ir.Value | None) -> Dims | None:
+        if value is None:
+            return None
+        if value in env:
+            return env[value]
+        return ctx.shape(value)
+
+    fallback = _elementwise_estimate(node, shape_of)
+    call_attrs: dict[str, ir.Attr] = dict(function.attributes)
+    call_attrs.update(node.attributes)
+
+    flops = macs = 0
+    ctx.stack.add(key)
+    try:
+        for body_node in function:
+            if body_node.outputs and body_shape(body_node.outputs[0]) is None:
+                attr_of = _attr_getter(body_node, call_attrs)
+                env[body_node.outputs[0]] = _infer_output(body_node, body_shape, attr_of)
+            if _is_constant_node(body_node):
+                continue
+            sub = _flops_of(body_node, body_shape, ctx, call_attrs)
+            if sub.status == "ok":
+                flops += sub.flops
+                macs += sub.macs
+            else:
+                flops += fallback.flops
+    finally:
+        ctx.stack.discard(key)
+    result = _Flops(flops, macs, "ok")
+    if cache_key is not None:
+        ctx.fn_cache[cache_key] = result
+    return result
+
+
+# ---------------------------------------------------------------------------------------
+# Per-node traffic
+# ---------------------------------------------------------------------------------------
+
+
+def _check_dims(dims: Mapping[str, int] | None) -> Mapping[str, int]:
+    if dims is None:
+        return {}
+    for name, value in dims.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise BadInputError(f"dimension {name!r} must be a non-negative integer, got {value!r}")
+    return dims
+
+
+def _measure_node(
+    node: ir.Node,
+    index: int | None,
+    ctx: _Ctx,
+    is_const: Callable[[ir.Value], bool],
+) -> tuple[NodeTraffic, list[tuple[ir.Value, int]]]:
+    op_type, domain = node.op_type, node.domain
+    name = node.name or (op_type if index is None else f"{op_type}_{index}")
+    onnx_domain = domain in _ONNX_DOMAINS
+    functions = ctx.functions
+    function = functions.get((domain, op_type, node.overload)) if functions else None
+    subgraph = _has_subgraph(node)
+    foldable = not subgraph and not (onnx_domain and op_type in _NONDETERMINISTIC_OPS)
+
+    if _is_folded(node, is_const, foldable=foldable):
+        folded = NodeTraffic(name, op_type, domain, 0, 0, 0, 0, is_kernel=False, known=True)
+        return folded, []
+
+    onnx_op = onnx_domain and function is None
+    if onnx_op and op_type in _VIEW_OPS:
+        view = NodeTraffic(name, op_type, domain, 0, 0, 0, 0, is_kernel=True, known=True)
+        return view, []
+
+    nbytes = ctx.nbytes
+    known = True
+    bytes_read = 0
+    param_bytes = 0
+    params: list[tuple[ir.Value, int]] = []
+    if not (onnx_op and op_type in _METADATA_OPS):
+        inputs = node.inputs
+        # Most nodes have no repeated input; only deduplicate when they do.
+        distinct = (
+            dict.fromkeys(inputs) if len(inputs) > 1 and len(set(inputs)) < len(inputs) else inputs
+        )
+        for value in distinct:
+            if value is None:
+                continue
+            size = nbytes(value)
+            if size is None:
+                known = False
+                continue
+            bytes_read += size
+            if is_const(value):
+                params.append((value, size))
+                param_bytes += size
+
+    bytes_written = 0
+    for out in node.outputs:
+        if out.name == "":  # omitted optional output: never produced
+            continue
+        size = nbytes(out)
+        if size is None:
+            known = False
+            continue
+        bytes_written += size
+
+    if function is not None:
+        cost = _function_flops(node, function, ctx.shape, ctx)
+    elif subgraph and onnx_domain:
+        cost = _UNCOUNTED
+    elif onnx_domain:
+        cost = _op_flops(node, op_type, ctx.shape, None)
+    else:
+        cost = _flops_of(node, ctx.shape, ctx, None)
+    status = cost.status
+    traffic = NodeTraffic(
+        name,
+        op_type,
+        domain,
+        bytes_read,
+        bytes_written,
+        cost.flops,
+        param_bytes,
+        True,
+        known and status != "unknown",
+        cost.macs,
+        status != "uncounted",
+    )
+    return traffic, params
+
+
+def node_traffic(
+    node: ir.Node,
+    *,
+    dims: Mapping[str, int] | None = None,
+    constants: set[ir.Value] | None = None,
+    functions: Mapping[FunctionKey, ir.Function] | None = None,
+    index: int | None = None,
+) -> NodeTraffic:
+    """Cost of a single node, using only the node and its input/output values.
+
+    Works on nodes detached from any graph (matched nodes about to be replaced, freshly
+    built replacements).  ``constants`` says which values are constant; when None,
+    initializers that are not graph inputs and Constant-node outputs are.  ``functions``
+    is ``model.functions``, needed to recognise and cost function-call nodes.  Unbound
+    named symbolic dims count as 1.  An unnamed node is called ``op_type`` (or
+    ``f"{op_type}_{index}"`` when ``index`` is given, as :func:`measure` does).
+    """
+    ctx = _Ctx(_check_dims(dims), functions or {})
+    is_const = _is_weight if constants is None else constants.__contains__
+    return _measure_node(node, index, ctx, is_const)[0]
+
+
+def measure(model: ir.Model, *, dims: Mapping[str, int] | None = None) -> TrafficReport:
+    """Cost every node of the main graph, in graph order.
+
+    Unbound named symbolic dims count as 1 (bind e.g. ``{"batch": 8}`` via ``dims``).
+    Subgraphs of If/Loop/Scan are not entered: the control-flow node is costed by its own
+    inputs and outputs.  Linear in graph size; never reads tensor data.
+    """
+    graph = model.graph
+    ctx = _Ctx(_check_dims(dims), model.functions)
+    constants = constant_values(graph)
+    is_const = constants.__contains__
+    results: list[NodeTraffic] = []
+    params: dict[ir.Value, int] = {}
+    for index, node in enumerate(graph):
+        traffic, node_params = _measure_node(node, index, ctx, is_const)
+        results.append(traffic)
+        for value, size in node_params:
+            params[value] = size
+    return TrafficReport(nodes=tuple(results), distinct_param_bytes=sum(params.values()))

@@ -1,0 +1,1028 @@
+"""Numerical validation: does the optimized model still compute what the original did?
+
+Both models run on onnxruntime's CPU provider with onnxruntime's own graph optimizations
+disabled, so a fusion onnxruntime would have done anyway cannot hide a difference. The two
+sessions never coexist (the reference session is released before the candidate one is
+created), so validating a large model needs memory for one model at a time.
+
+This is the only module of fusectl that imports onnxruntime. It never prints: it returns
+results, and reports progress through an optional callback.
+
+Generated inputs (when the user does not provide an array for an input):
+
+* They are seeded: sample ``i`` uses ``np.random.default_rng(options.seed + i)``.
+* Symbolic dims take their value from ``options.dims``; else from an array the user provided
+  for another input with the same dim name; else a batch-like dim (named ``N``, ``B``,
+  ``batch``, ``batch_size`` or containing ``batch``, case-insensitive) is 1, and any other
+  symbolic or unknown dim is 8.
+* ``options.input_ranges[name] = (lo, hi)`` wins over every rule below. Floats are uniform in
+  ``[lo, hi)``; integers are drawn from ``[lo, hi)`` like Python's ``range``; bools are
+  ``x != 0`` for such integers.
+* An input whose name contains ``mask`` is all ones (True for bool).
+* An integer input that feeds, possibly through Cast/CastLike/Unsqueeze/Squeeze/Reshape/
+  Flatten/Identity/Expand, the ``indices`` of a Gather or GatherElements (or the ids of a
+  com.microsoft EmbedLayerNormalization) is drawn from ``[0, rows)``, where ``rows`` is the
+  length of the gathered axis of the data (the smallest one if it feeds several).
+* Other floats are uniform in ``[-1, 1)``; other integers uniform in ``[0, 10)`` (clipped to
+  the type's range); bools are random; strings are decimal digits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import math
+import os
+import tempfile
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import onnxruntime as ort
+
+from fusectl.errors import BadInputError
+
+__all__ = [
+    "ModelSource",
+    "OutputComparison",
+    "ValidationOptions",
+    "ValidationResult",
+    "compare_outputs",
+    "generate_inputs",
+    "load_input_files",
+    "run_model",
+    "to_dict",
+    "validate",
+]
+
+ModelSource = ir.Model | str | Path
+Progress = Callable[[str], None]
+
+# Above this much tensor data an in-memory ModelProto risks protobuf's 2 GiB limit, so the
+# model goes to a temporary file with external data instead. Tests lower it.
+_PROTO_LIMIT_BYTES = int(1.8 * 1024**3)
+
+_BATCH_NAMES = frozenset({"n", "b", "batch", "batch_size"})
+_DEFAULT_BATCH = 1
+_DEFAULT_DIM = 8
+_DEFAULT_INT_HIGH = 10
+
+# Ops that pass integer ids through unchanged in value (their first input).
+_ID_PASSTHROUGH = frozenset(
+    {"Cast", "CastLike", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Identity", "Expand"}
+)
+# (domain, op_type) -> {indices input index: (data input index, axis attribute or None)}
+_INDEX_CONSUMERS: dict[tuple[str, str], dict[int, tuple[int, str | None]]] = {
+    ("", "Gather"): {1: (0, "axis")},
+    ("", "GatherElements"): {1: (0, "axis")},
+    ("com.microsoft", "EmbedLayerNormalization"): {0: (2, None), 1: (3, None)},
+}
+
+# Default (rtol, atol) per ONNX type; other float types use (eps, eps) of the type.
+_FLOAT_TOLERANCES: dict[ir.DataType, tuple[float, float]] = {
+    ir.DataType.FLOAT: (1e-4, 1e-5),
+    ir.DataType.DOUBLE: (1e-4, 1e-5),
+    ir.DataType.COMPLEX64: (1e-4, 1e-5),
+    ir.DataType.COMPLEX128: (1e-4, 1e-5),
+    ir.DataType.FLOAT16: (1e-2, 1e-3),
+    ir.DataType.BFLOAT16: (2e-2, 1e-2),
+}
+
+# Element types onnxruntime's Python binding converts to and from numpy by itself.
+_ORT_NATIVE_TYPES = frozenset(
+    {
+        "float",
+        "float16",
+        "double",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint8",
+        "uint16",
+        "uint32",
+        "uint64",
+        "bool",
+        "string",
+    }
+)
+
+
+# --------------------------------------------------------------------------- public types
+
+
+@dataclass(frozen=True)
+class ValidationOptions:
+    """How to feed and judge a validation run; every field has a usable default.
+
+    ``inputs`` are user arrays by input name (the rest are generated), ``dims`` binds symbolic
+    dims by name, ``samples`` input sets are tried (sample ``i`` seeded with ``seed + i``),
+    ``input_ranges`` overrides the value range of generated inputs, and ``rtol``/``atol``
+    replace the per-dtype default tolerances (for float and integer outputs; bools and strings
+    are always compared exactly).
+    """
+
+    inputs: Mapping[str, np.ndarray] | None = None
+    dims: Mapping[str, int] = field(default_factory=dict)
+    seed: int = 0
+    samples: int = 1
+    input_ranges: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    rtol: float | None = None
+    atol: float | None = None
+
+
+@dataclass(frozen=True)
+class OutputComparison:
+    """The verdict and error statistics for one output on one input sample.
+
+    Statistics are computed in float64 over elements finite in both models; they are NaN when
+    they cannot be computed (dtype/shape mismatch, missing output, string outputs).
+    ``pct_out_of_tol`` counts NaN/Inf position mismatches too. ``reason`` says why an output
+    failed, or carries a note for a passing one (e.g. a non-deterministic reference).
+    """
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    rtol: float
+    atol: float
+    max_abs: float
+    max_rel: float
+    mean_abs: float
+    cosine: float
+    pct_out_of_tol: float
+    passed: bool
+    nondeterministic: bool = False
+    reason: str | None = None
+    sample: int = 0
+
+
+@dataclass(frozen=True)
+class ValidationResult:
+    """Everything one validation found; ``passed`` is the overall verdict.
+
+    ``error`` is set when the candidate could not be loaded or run by onnxruntime (then
+    ``outputs`` may be empty). ``input_shapes`` are the shapes fed (sample 0). The timings are
+    wall-clock seconds of one inference pass over all samples (session creation excluded):
+    the first of the two reference runs, and the candidate run.
+    """
+
+    outputs: tuple[OutputComparison, ...] = ()
+    error: str | None = None
+    input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    seconds_reference: float = 0.0
+    seconds_candidate: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return self.error is None and all(o.passed for o in self.outputs)
+
+
+# --------------------------------------------------------------------------- input files
+
+
+def load_input_files(
+    specs: Sequence[str],
+    npz: str | os.PathLike[str] | None,
+    *,
+    input_names: Collection[str] | None = None,
+) -> dict[str, np.ndarray]:
+    """Read ``--input NAME=FILE.npy`` specs and an ``--inputs FILE.npz`` archive.
+
+    Arrays from ``specs`` win over same-named arrays of the archive. When ``input_names`` is
+    given, a name that is not among them is rejected. Problems raise a one-line BadInputError.
+    """
+    arrays: dict[str, np.ndarray] = {}
+    if npz is not None:
+        arrays.update(_load_npz(npz))
+    seen: set[str] = set()
+    for spec in specs:
+        name, sep, file = spec.partition("=")
+        name, file = name.strip(), file.strip()
+        if not sep or not name or not file:
+            raise BadInputError(f"--input {spec!r}: expected NAME=FILE.npy")
+        if name in seen:
+            raise BadInputError(f"--input {spec!r}: input {name!r} is given twice")
+        seen.add(name)
+        arrays[name] = _load_npy(name, file)
+    if input_names is not None:
+        _check_names(arrays, input_names, "input")
+    return arrays
+
+
+def _load_npy(name: str, file: str) -> np.ndarray:
+    try:
+        loaded = np.load(file, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as e:
+        raise BadInputError(f"--input {name}={file}: cannot read: {_first_line(e)}") from None
+    if not isinstance(loaded, np.ndarray):
+        with contextlib.suppress(AttributeError):
+            loaded.close()
+        raise BadInputError(f"--input {name}={file}: expected a .npy array file")
+    return loaded
+
+
+def _load_npz(npz: str | os.PathLike[str]) -> dict[str, np.ndarray]:
+    try:
+        loaded = np.load(npz, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as e:
+        raise BadInputError(f"--inputs {npz}: cannot read: {_first_line(e)}") from None
+    if not isinstance(loaded, np.lib.npyio.NpzFile):
+        raise BadInputError(f"--inputs {npz}: expected a .npz archive")
+    try:
+        with loaded:
+            return {key: loaded[key] for key in loaded.files}
+    except (OSError, ValueError, EOFError) as e:
+        raise BadInputError(f"--inputs {npz}: cannot read: {_first_line(e)}") from None
+
+
+def _check_names(given: Collection[str], known: Collection[str], what: str) -> None:
+    unknown = sorted(set(given) - set(known))
+    if unknown:
+        listed = ", ".join(known) or "(none)"
+        raise BadInputError(
+            f"unknown {what} name {unknown[0]!r}; the model's {what}s are: {listed}"
+        )
+
+
+# --------------------------------------------------------------------------- input generation
+
+
+def generate_inputs(
+    model: ir.Model, options: ValidationOptions | None = None, sample: int = 0
+) -> dict[str, np.ndarray]:
+    """Feeds for every runtime input of ``model``: the user's arrays, else generated ones.
+
+    See the module docstring for how values and dims are chosen. Initializers listed among
+    the graph inputs (old models) are not fed. Raises BadInputError for a user array of the
+    wrong dtype/rank/shape, an unknown name, or an input that cannot be generated.
+    """
+    options = options or ValidationOptions()
+    runtime_inputs = _runtime_inputs(model)
+    names = [v.name or "" for v in runtime_inputs]
+    provided = dict(options.inputs or {})
+    _check_names(provided, names, "input")
+    _check_names(options.input_ranges, names, "input")
+    symbolic = [
+        d.value
+        for v in runtime_inputs
+        if v.shape is not None
+        for d in v.shape
+        if isinstance(d, ir.SymbolicDim) and d.value is not None
+    ]
+    _check_names(options.dims, list(dict.fromkeys(symbolic)), "symbolic dim")
+    for dim_name, dim_value in options.dims.items():
+        if isinstance(dim_value, bool) or not isinstance(dim_value, (int, np.integer)):
+            raise BadInputError(f"dim {dim_name}={dim_value!r}: expected a non-negative integer")
+        if dim_value < 0:
+            raise BadInputError(f"dim {dim_name}={dim_value}: expected a non-negative integer")
+    for range_name, bounds in options.input_ranges.items():
+        lo, hi = bounds
+        if not lo <= hi:
+            raise BadInputError(f"input range for {range_name!r}: low {lo} is above high {hi}")
+
+    feeds: dict[str, np.ndarray] = {}
+    bound: dict[str, int] = {}
+    for value in runtime_inputs:
+        if value.name in provided:
+            arr = _check_provided(value, provided[value.name], options.dims)
+            feeds[value.name] = arr
+            for dim, size in zip(value.shape or (), arr.shape, strict=False):
+                if isinstance(dim, ir.SymbolicDim) and dim.value is not None:
+                    bound.setdefault(dim.value, int(size))
+
+    rng = np.random.default_rng(options.seed + sample)
+    result: dict[str, np.ndarray] = {}
+    for value in runtime_inputs:
+        name = value.name or ""
+        if name in feeds:
+            result[name] = feeds[name]
+            continue
+        dtype, shape = _tensor_signature(value)
+        dims = tuple(_resolve_dim(d, options.dims, bound) for d in shape)
+        result[name] = _generate(value, dtype, dims, rng, options.input_ranges.get(name))
+    return result
+
+
+def _runtime_inputs(model: ir.Model) -> list[ir.Value]:
+    return [v for v in model.graph.inputs if not v.is_initializer()]
+
+
+def _tensor_signature(value: ir.Value) -> tuple[ir.DataType, ir.Shape]:
+    if value.type is None:
+        raise BadInputError(f"cannot generate input {value.name!r}: it has no declared type")
+    if not isinstance(value.type, ir.TensorType):
+        raise BadInputError(
+            f"cannot generate input {value.name!r} of type {value.type}: only dense tensor "
+            "inputs are supported"
+        )
+    if value.shape is None:
+        raise BadInputError(
+            f"cannot generate input {value.name!r}: its rank is unknown; provide it with --input"
+        )
+    return value.type.dtype, value.shape
+
+
+def _resolve_dim(dim: int | ir.SymbolicDim, dims: Mapping[str, int], bound: Mapping[str, int]):
+    if isinstance(dim, int):
+        return dim
+    name = dim.value
+    if name is None:
+        return _DEFAULT_DIM
+    if name in dims:
+        return int(dims[name])
+    if name in bound:
+        return bound[name]
+    lowered = name.lower()
+    if lowered in _BATCH_NAMES or "batch" in lowered:
+        return _DEFAULT_BATCH
+    return _DEFAULT_DIM
+
+
+def _check_provided(value: ir.Value, arr: Any, dims: Mapping[str, int]) -> np.ndarray:
+    name = value.name
+    dtype, shape = _tensor_signature(value)
+    arr = np.asarray(arr)
+    expected = dtype.numpy()
+    if dtype == ir.DataType.STRING and arr.dtype.kind in "OUS":
+        arr = arr.astype(object)
+    elif arr.dtype.kind == "V" and arr.dtype.itemsize == expected.itemsize:
+        arr = arr.view(expected)  # ml_dtypes arrays (bfloat16, ...) come back from .npy as void
+    if arr.dtype != expected:
+        raise BadInputError(
+            f"input {name!r}: expected dtype {_dtype_name(expected)}, got {_dtype_name(arr.dtype)}"
+        )
+    if arr.ndim != len(shape):
+        raise BadInputError(
+            f"input {name!r}: expected rank {len(shape)} (shape {_shape_text(shape)}), "
+            f"got shape {tuple(arr.shape)}"
+        )
+    for axis, (dim, size) in enumerate(zip(shape, arr.shape, strict=True)):
+        if isinstance(dim, int) and dim != size:
+            raise BadInputError(
+                f"input {name!r}: axis {axis} must be {dim} (shape {_shape_text(shape)}), "
+                f"got shape {tuple(arr.shape)}"
+            )
+        if isinstance(dim, ir.SymbolicDim) and dim.value in dims and dims[dim.value] != size:
+            raise BadInputError(
+                f"input {name!r}: dim {dim.value}={dims[dim.value]} was requested, but the "
+                f"given array has {size} on axis {axis}"
+            )
+    return arr
+
+
+def _generate(
+    value: ir.Value,
+    dtype: ir.DataType,
+    shape: tuple[int, ...],
+    rng: np.random.Generator,
+    value_range: tuple[float, float] | None,
+) -> np.ndarray:
+    name = value.name or ""
+    np_dtype = dtype.numpy()
+    if dtype == ir.DataType.UNDEFINED:
+        raise BadInputError(f"cannot generate input {name!r}: its element type is undefined")
+    if value_range is not None:
+        lo, hi = float(value_range[0]), float(value_range[1])
+        if dtype.is_floating_point() or _is_complex(dtype):
+            return _floats(rng, dtype, shape, lo, hi)
+        ilo, ihi = math.ceil(lo), math.ceil(hi)
+        if ihi <= ilo:
+            raise BadInputError(f"input range for {name!r}: [{lo}, {hi}) holds no integer")
+        if dtype.is_integer() and (ilo < dtype.min or ihi - 1 > dtype.max):
+            raise BadInputError(
+                f"input range for {name!r}: [{lo}, {hi}) does not fit {_dtype_name(np_dtype)}"
+            )
+        return _integers(rng, dtype, shape, ilo, ihi)
+    if "mask" in name.lower():
+        if dtype == ir.DataType.STRING:
+            return np.full(shape, "1", dtype=object)
+        return np.ones(shape, dtype=np_dtype)
+    if dtype.is_floating_point() or _is_complex(dtype):
+        return _floats(rng, dtype, shape, -1.0, 1.0)
+    if dtype.is_integer():
+        rows = _index_bound(value)
+        if rows is not None:
+            return _integers(rng, dtype, shape, 0, max(rows, 1))
+        high = min(_DEFAULT_INT_HIGH, int(dtype.max) + 1)
+        return _integers(rng, dtype, shape, max(0, int(dtype.min)), high)
+    if dtype == ir.DataType.BOOL:
+        return rng.random(shape) < 0.5
+    if dtype == ir.DataType.STRING:
+        return _integers(rng, dtype, shape, 0, _DEFAULT_INT_HIGH)
+    raise BadInputError(f"cannot generate input {name!r} of element type {dtype.name}")
+
+
+def _is_complex(dtype: ir.DataType) -> bool:
+    return dtype in (ir.DataType.COMPLEX64, ir.DataType.COMPLEX128)
+
+
+def _floats(rng, dtype: ir.DataType, shape, lo: float, hi: float) -> np.ndarray:
+    data = rng.uniform(lo, hi, size=shape)
+    if _is_complex(dtype):
+        data = data + 1j * rng.uniform(lo, hi, size=shape)
+    return data.astype(dtype.numpy())
+
+
+def _integers(rng, dtype: ir.DataType, shape, lo: int, hi: int) -> np.ndarray:
+    data = rng.integers(lo, hi, size=shape, dtype=np.int64)
+    if dtype == ir.DataType.BOOL:
+        return data != 0
+    if dtype == ir.DataType.STRING:
+        return np.vectorize(str, otypes=[object])(data) if data.size else data.astype(object)
+    return data.astype(dtype.numpy())
+
+
+def _index_bound(value: ir.Value) -> int | None:
+    """Length of the axis that ``value`` indexes into (through id-preserving ops), if known."""
+    rows: int | None = None
+    seen: set[int] = set()
+    stack = [value]
+    while stack:
+        current = stack.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        for use in current.uses():
+            node, idx = use.node, use.idx
+            domain = "" if node.domain == "ai.onnx" else node.domain
+            consumer = _INDEX_CONSUMERS.get((domain, node.op_type), {}).get(idx)
+            if consumer is not None:
+                data_idx, axis_attr = consumer
+                axis = node.attributes.get_int(axis_attr, 0) if axis_attr else 0
+                data = node.inputs[data_idx] if data_idx < len(node.inputs) else None
+                length = _axis_length(data, axis) if data is not None else None
+                if length is not None:
+                    rows = length if rows is None else min(rows, length)
+            elif domain == "" and node.op_type in _ID_PASSTHROUGH and idx == 0:
+                stack.extend(node.outputs)
+    return rows
+
+
+def _axis_length(data: ir.Value, axis: int) -> int | None:
+    shape: Sequence[Any] | None = None
+    if data.const_value is not None:
+        shape = tuple(data.const_value.shape)
+    else:
+        producer = data.producer()
+        if producer is not None and producer.op_type == "Constant" and producer.domain == "":
+            attr = producer.attributes.get("value")
+            if attr is not None and attr.type == ir.AttributeType.TENSOR:
+                shape = tuple(attr.value.shape)
+    if shape is None and data.shape is not None:
+        shape = tuple(data.shape)
+    if shape is None or not -len(shape) <= axis < len(shape):
+        return None
+    length = shape[axis]
+    return length if isinstance(length, int) else None
+
+
+# --------------------------------------------------------------------------- running
+
+
+class _OrtFailure(Exception):
+    """onnxruntime (or serializing the model for it) failed; ``stage`` says where."""
+
+    def __init__(self, stage: str, message: str):
+        super().__init__(message)
+        self.stage = stage
+        self.message = message
+
+
+def run_model(model: ModelSource, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Run ``model`` once on ``feeds`` in a fresh session (optimizations off), then free it.
+
+    Outputs are keyed by output name; sequence/map outputs are flattened to ``name[i]`` /
+    ``name[key]`` entries. onnxruntime errors propagate as BadInputError.
+    """
+    try:
+        runs, _ = _run_session(model, [feeds], repeats=1, label="model", notify=_ignore)
+    except _OrtFailure as e:
+        raise BadInputError(f"onnxruntime cannot run the model: {_first_line(e.message)}") from None
+    return runs[0][0]
+
+
+def _ignore(_message: str) -> None:
+    return None
+
+
+def _run_session(
+    model: ModelSource,
+    feed_sets: Sequence[Mapping[str, np.ndarray]],
+    *,
+    repeats: int,
+    label: str,
+    notify: Progress,
+    only_known_inputs: bool = False,
+) -> tuple[list[list[dict[str, np.ndarray]]], float]:
+    """Create one session, run every feed set ``repeats`` times, release the session.
+
+    Returns ``runs[sample][repeat]`` and the seconds of the first repeat summed over samples.
+    The session never outlives this call, not even when an error propagates.
+    """
+    runs: list[list[dict[str, np.ndarray]]] = []
+    seconds = 0.0
+    # Errors are turned into text and re-raised outside the ``except`` blocks, so no traceback
+    # (whose frames would reference the session) keeps the session alive after we return.
+    failure: _OrtFailure | None = None
+    with contextlib.ExitStack() as stack:
+        notify(f"creating {label} session")
+        session = None
+        try:
+            source = _session_source(model, stack)
+            session = ort.InferenceSession(
+                source, _session_options(), providers=["CPUExecutionProvider"]
+            )
+            del source
+        except Exception as e:
+            failure = _OrtFailure("session creation", _error_text(e))
+        if session is not None:
+            try:
+                runs, seconds, failure = _run_all(
+                    session, feed_sets, repeats, label, notify, only_known_inputs
+                )
+            finally:
+                del session
+            notify(f"released {label} session")
+    if failure is not None:
+        raise failure
+    return runs, seconds
+
+
+def _run_all(
+    session: ort.InferenceSession,
+    feed_sets: Sequence[Mapping[str, np.ndarray]],
+    repeats: int,
+    label: str,
+    notify: Progress,
+    only_known_inputs: bool,
+) -> tuple[list[list[dict[str, np.ndarray]]], float, _OrtFailure | None]:
+    runs: list[list[dict[str, np.ndarray]]] = []
+    seconds = 0.0
+    expected = {i.name for i in session.get_inputs()}
+    n = len(feed_sets)
+    for s, feeds in enumerate(feed_sets):
+        if only_known_inputs:
+            feeds = {k: v for k, v in feeds.items() if k in expected}
+        per_sample = []
+        for r in range(repeats):
+            repeat_text = f" {r + 1}/{repeats}" if repeats > 1 else ""
+            notify(f"{label} run{repeat_text} (sample {s + 1}/{n})")
+            start = time.perf_counter()
+            try:
+                outputs = _run_once(session, feeds)
+            except Exception as e:
+                return runs, seconds, _OrtFailure("run", _error_text(e))
+            if r == 0:
+                seconds += time.perf_counter() - start
+            per_sample.append(outputs)
+        runs.append(per_sample)
+    return runs, seconds, None
+
+
+def _session_options() -> ort.SessionOptions:
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 3
+    return options
+
+
+def _session_source(model: ModelSource, stack: contextlib.ExitStack) -> str | bytes:
+    """Bytes for an in-memory model, a file path for a large one or one given as a path."""
+    if not isinstance(model, ir.Model):
+        return os.fspath(model)
+    data_bytes, has_external = _tensor_data_size(model)
+    if data_bytes < _PROTO_LIMIT_BYTES and not has_external:
+        return ir.to_proto(model).SerializeToString()
+    directory = stack.enter_context(tempfile.TemporaryDirectory(prefix="fusectl-validate-"))
+    path = os.path.join(directory, "model.onnx")
+    ir.save(model, path, external_data="model.data")
+    return path
+
+
+def _tensor_data_size(model: ir.Model) -> tuple[int, bool]:
+    """Bytes of initializer and constant-attribute data, and whether any lives in a file."""
+    tensors: list[ir.TensorProtocol] = []
+    for graph in model.graphs():
+        tensors.extend(
+            v.const_value for v in graph.initializers.values() if v.const_value is not None
+        )
+    graph_likes: list[Any] = [model.graph, *model.functions.values()]
+    for graph_like in graph_likes:
+        for node in ir.traversal.RecursiveGraphIterator(graph_like):
+            for attr in node.attributes.values():
+                if attr.type == ir.AttributeType.TENSOR:
+                    tensors.append(attr.value)
+                elif attr.type == ir.AttributeType.TENSORS:
+                    tensors.extend(attr.value)
+    total = sum(int(t.nbytes) for t in tensors)
+    return total, any(isinstance(t, ir.ExternalTensor) for t in tensors)
+
+
+def _run_once(session: ort.InferenceSession, feeds: Mapping[str, np.ndarray]):
+    output_meta = session.get_outputs()
+    names = [o.name for o in output_meta]
+    needs_ortvalue = any(not _numpy_native(np.asarray(a).dtype) for a in feeds.values()) or any(
+        _tensor_type_name(o.type) not in (None, *_ORT_NATIVE_TYPES) for o in output_meta
+    )
+    if needs_ortvalue:
+        ort_feeds = {k: _to_ortvalue(np.asarray(v)) for k, v in feeds.items()}
+        values = [_from_ortvalue(v) for v in session.run_with_ort_values(names, ort_feeds)]
+    else:
+        values = session.run(names, dict(feeds))
+    flat: dict[str, np.ndarray] = {}
+    for name, value in zip(names, values, strict=True):
+        _flatten(name, value, flat)
+    return flat
+
+
+def _tensor_type_name(ort_type: str) -> str | None:
+    if ort_type.startswith("tensor(") and ort_type.endswith(")"):
+        return ort_type[len("tensor(") : -1]
+    return None
+
+
+def _numpy_native(dtype: np.dtype) -> bool:
+    return dtype.type.__module__ == "numpy"
+
+
+def _to_ortvalue(arr: np.ndarray) -> ort.OrtValue:
+    if _numpy_native(arr.dtype):
+        return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(arr))
+    element_type = int(ir.DataType.from_numpy(arr.dtype))
+    raw = ir.Tensor(np.ascontiguousarray(arr)).tobytes()  # packs 4-bit types like ONNX does
+    value = ort.OrtValue.ortvalue_from_shape_and_type(list(arr.shape), element_type, "cpu", 0)
+    if len(raw) != value.tensor_size_in_bytes():
+        raise ValueError(f"cannot feed a {arr.dtype} array of shape {arr.shape} to onnxruntime")
+    if raw:
+        ctypes.memmove(value.data_ptr(), raw, len(raw))
+    return value
+
+
+def _from_ortvalue(value: ort.OrtValue) -> Any:
+    type_name = _tensor_type_name(value.data_type())
+    if type_name is None or type_name in _ORT_NATIVE_TYPES:
+        return value.numpy()
+    size = value.tensor_size_in_bytes()
+    raw = ctypes.string_at(value.data_ptr(), size) if size else b""
+    proto = onnx.helper.make_tensor("output", value.element_type(), value.shape(), raw, raw=True)
+    return onnx.numpy_helper.to_array(proto)
+
+
+def _flatten(name: str, value: Any, out: dict[str, np.ndarray]) -> None:
+    if isinstance(value, np.ndarray):
+        out[name] = value
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            _flatten(f"{name}[{i}]", item, out)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _flatten(f"{name}[{key!r}]", item, out)
+    else:
+        out[name] = np.asarray(value, dtype=object if value is None else None)
+
+
+# --------------------------------------------------------------------------- comparison
+
+
+def compare_outputs(
+    reference: Mapping[str, np.ndarray],
+    candidate: Mapping[str, np.ndarray],
+    *,
+    rtol: float | None = None,
+    atol: float | None = None,
+    sample: int = 0,
+    nondeterministic: Collection[str] = frozenset(),
+) -> list[OutputComparison]:
+    """Compare outputs matched by name; one OutputComparison per name in either mapping.
+
+    An element passes if ``|c - r| <= atol + rtol * |r|``; NaN/Inf positions must agree. A
+    name in ``nondeterministic`` passes (with a note) unless its dtype changed.
+    """
+    results = []
+    for name, ref in reference.items():
+        if name not in candidate:
+            results.append(_unmatched(name, np.asarray(ref), sample, "missing from the candidate"))
+            continue
+        results.append(
+            _compare_one(
+                name,
+                np.asarray(ref),
+                np.asarray(candidate[name]),
+                rtol=rtol,
+                atol=atol,
+                sample=sample,
+                nondeterministic=name in nondeterministic,
+            )
+        )
+    for name, cand in candidate.items():
+        if name not in reference:
+            results.append(
+                _unmatched(name, np.asarray(cand), sample, "not an output of the reference")
+            )
+    return results
+
+
+def _unmatched(name: str, arr: np.ndarray, sample: int, reason: str) -> OutputComparison:
+    rtol, atol = _tolerances(arr.dtype, None, None)
+    nan = math.nan
+    return OutputComparison(
+        name, _dtype_name(arr.dtype), tuple(arr.shape), rtol, atol,
+        nan, nan, nan, nan, 100.0, passed=False, reason=reason, sample=sample,
+    )  # fmt: skip
+
+
+def _compare_one(
+    name: str,
+    ref: np.ndarray,
+    cand: np.ndarray,
+    *,
+    rtol: float | None,
+    atol: float | None,
+    sample: int,
+    nondeterministic: bool,
+) -> OutputComparison:
+    r_tol, a_tol = _tolerances(ref.dtype, rtol, atol)
+    nan = math.nan
+
+    def verdict(stats, pct, passed, reason):
+        return OutputComparison(
+            name, _dtype_name(ref.dtype), tuple(ref.shape), r_tol, a_tol, *stats, pct,
+            passed=passed, nondeterministic=nondeterministic, reason=reason, sample=sample,
+        )  # fmt: skip
+
+    if ref.dtype != cand.dtype:
+        reason = f"dtype mismatch: reference {_dtype_name(ref.dtype)}, "
+        reason += f"candidate {_dtype_name(cand.dtype)}"
+        return verdict((nan,) * 4, 100.0, False, reason)
+    note = "reference output is non-deterministic (its two runs differ); values not held "
+    note += "against the candidate"
+    if ref.shape != cand.shape:
+        reason = f"shape mismatch: reference {tuple(ref.shape)}, candidate {tuple(cand.shape)}"
+        if nondeterministic:
+            return verdict((nan,) * 4, 100.0, True, f"{note}; {reason}")
+        return verdict((nan,) * 4, 100.0, False, reason)
+
+    kind = _kind(ref.dtype)
+    if kind == "other":
+        bad = np.asarray(ref != cand, dtype=bool).reshape(ref.shape)
+        stats: tuple[float, float, float, float] = (nan,) * 4
+    else:
+        r64, c64 = _as_float64(ref), _as_float64(cand)
+        with np.errstate(all="ignore"):
+            if kind in ("float", "complex"):
+                bad = _out_of_tolerance(r64, c64, r_tol, a_tol)
+            elif kind == "int" and (r_tol or a_tol):
+                bad = np.abs(c64 - r64) > a_tol + r_tol * np.abs(r64)
+            else:
+                bad = ref != cand
+            stats = _statistics(r64, c64, _tiny(ref.dtype))
+    count = int(np.count_nonzero(bad))
+    pct = 100.0 * count / bad.size if bad.size else 0.0
+    if nondeterministic:
+        return verdict(stats, pct, True, note)
+    if count:
+        total = bad.size
+        kind_text = "differ" if r_tol == 0 and a_tol == 0 else "are out of tolerance"
+        return verdict(stats, pct, False, f"{count} of {total} elements {kind_text}")
+    return verdict(stats, pct, True, None)
+
+
+def _out_of_tolerance(r: np.ndarray, c: np.ndarray, rtol: float, atol: float) -> np.ndarray:
+    finite = np.isfinite(r) & np.isfinite(c)
+    same_special = (np.isnan(r) & np.isnan(c)) | (r == c)  # NaN vs NaN, +inf vs +inf
+    close = np.abs(c - r) <= atol + rtol * np.abs(r)
+    return np.where(finite, ~close, ~same_special)
+
+
+def _statistics(r: np.ndarray, c: np.ndarray, tiny: float) -> tuple[float, float, float, float]:
+    """max abs, max rel, mean abs error and cosine similarity over elements finite in both."""
+    finite = np.isfinite(r) & np.isfinite(c)
+    rf, cf = r[finite], c[finite]
+    if rf.size == 0:
+        return 0.0, 0.0, 0.0, 1.0
+    diff = np.abs(cf - rf)
+    max_abs = float(diff.max())
+    mean_abs = float(diff.mean())
+    max_rel = float((diff / np.maximum(np.abs(rf), tiny)).max())
+    scale = float(max(np.abs(rf).max(), np.abs(cf).max()))
+    if scale == 0.0:
+        return max_abs, max_rel, mean_abs, 1.0
+    rs, cs = rf / scale, cf / scale
+    nr, nc = float(np.linalg.norm(rs)), float(np.linalg.norm(cs))
+    if nr == 0.0 or nc == 0.0:
+        cosine = 1.0 if nr == nc else 0.0
+    else:
+        cosine = float(np.clip(np.dot(rs, cs) / (nr * nc), -1.0, 1.0))
+    return max_abs, max_rel, mean_abs, cosine
+
+
+def _onnx_type(dtype: np.dtype) -> ir.DataType | None:
+    try:
+        return ir.DataType.from_numpy(dtype)
+    except (TypeError, ValueError, KeyError):
+        return None
+
+
+def _kind(dtype: np.dtype) -> str:
+    onnx_type = _onnx_type(dtype)
+    if onnx_type is None or onnx_type == ir.DataType.STRING:
+        return "other"
+    if _is_complex(onnx_type):
+        return "complex"
+    if onnx_type.is_floating_point():
+        return "float"
+    if onnx_type.is_integer():
+        return "int"
+    if onnx_type == ir.DataType.BOOL:
+        return "bool"
+    return "other"
+
+
+def _tolerances(dtype: np.dtype, rtol: float | None, atol: float | None) -> tuple[float, float]:
+    kind = _kind(dtype)
+    if kind in ("bool", "other"):
+        return 0.0, 0.0
+    if kind == "int":
+        default = (0.0, 0.0)
+    else:
+        onnx_type = _onnx_type(dtype)
+        assert onnx_type is not None
+        if onnx_type in _FLOAT_TOLERANCES:
+            default = _FLOAT_TOLERANCES[onnx_type]
+        else:  # float8/float6/float4: one unit in the last place, relative and absolute
+            default = (float(onnx_type.eps), float(onnx_type.eps))
+    return (
+        float(default[0] if rtol is None else rtol),
+        float(default[1] if atol is None else atol),
+    )
+
+
+def _tiny(dtype: np.dtype) -> float:
+    """Floor of ``|r|`` in relative errors: the type's smallest normal float, else 1."""
+    onnx_type = _onnx_type(dtype)
+    if onnx_type is not None and onnx_type.is_floating_point():
+        return float(onnx_type.tiny)
+    if onnx_type in (ir.DataType.COMPLEX64, ir.DataType.COMPLEX128):
+        return float(np.finfo(dtype).tiny)
+    return 1.0
+
+
+def _as_float64(arr: np.ndarray) -> np.ndarray:
+    if arr.dtype.kind == "c":
+        return np.stack([arr.real, arr.imag], axis=-1).astype(np.float64)
+    return arr.astype(np.float64)
+
+
+def _dtype_name(dtype: np.dtype) -> str:
+    return "string" if dtype.kind in "OUS" else str(dtype.name)
+
+
+def _shape_text(shape: ir.Shape) -> str:
+    return "[" + ",".join(str(d) if isinstance(d, int) else str(d.value) for d in shape) + "]"
+
+
+# --------------------------------------------------------------------------- validate
+
+
+def validate(
+    reference: ModelSource,
+    candidate: ModelSource,
+    options: ValidationOptions | None = None,
+    progress: Progress | None = None,
+) -> ValidationResult:
+    """Run both models on the same inputs and compare every output.
+
+    The reference runs twice per sample; outputs that differ between its own runs are
+    marked non-deterministic and not held against the candidate. Raises BadInputError if
+    the reference cannot be run; a candidate that cannot be run gives ``error`` and a failed
+    result. ``options=None`` means ``ValidationOptions()``.
+    """
+    options = options or ValidationOptions()
+    notify = progress or _ignore
+    if options.samples < 1:
+        raise BadInputError(f"samples must be at least 1, got {options.samples}")
+    reference_ir = _load_for_inputs(reference)
+    feed_sets = []
+    for s in range(options.samples):
+        notify(f"generating inputs (sample {s + 1}/{options.samples})")
+        feed_sets.append(generate_inputs(reference_ir, options, s))
+    del reference_ir
+    input_shapes = {k: tuple(int(d) for d in np.shape(v)) for k, v in feed_sets[0].items()}
+
+    try:
+        ref_runs, ref_seconds = _run_session(
+            reference, feed_sets, repeats=2, label="reference", notify=notify
+        )
+    except _OrtFailure as e:
+        raise BadInputError(
+            f"onnxruntime cannot run the input model: {_first_line(e.message)}"
+        ) from None
+
+    try:
+        cand_runs, cand_seconds = _run_session(
+            candidate, feed_sets, repeats=1, label="candidate", notify=notify,
+            only_known_inputs=True,
+        )  # fmt: skip
+    except _OrtFailure as e:
+        where = "load" if e.stage == "session creation" else "run"
+        return ValidationResult(
+            outputs=(),
+            error=f"onnxruntime could not {where} the candidate: {e.message}",
+            input_shapes=input_shapes,
+            seconds_reference=ref_seconds,
+        )
+
+    notify("comparing outputs")
+    comparisons: list[OutputComparison] = []
+    for s, (ref_pair, cand_single) in enumerate(zip(ref_runs, cand_runs, strict=True)):
+        first, second = ref_pair
+        self_check = compare_outputs(first, second, rtol=options.rtol, atol=options.atol)
+        unstable = {c.name for c in self_check if not c.passed}
+        comparisons.extend(
+            compare_outputs(
+                first,
+                cand_single[0],
+                rtol=options.rtol,
+                atol=options.atol,
+                sample=s,
+                nondeterministic=unstable,
+            )
+        )
+    return ValidationResult(
+        outputs=tuple(comparisons),
+        error=None,
+        input_shapes=input_shapes,
+        seconds_reference=ref_seconds,
+        seconds_candidate=cand_seconds,
+    )
+
+
+def _load_for_inputs(model: ModelSource) -> ir.Model:
+    if isinstance(model, ir.Model):
+        return model
+    try:
+        return ir.load(os.fspath(model))
+    except Exception as e:
+        raise BadInputError(f"cannot read model {os.fspath(model)}: {_first_line(e)}") from None
+
+
+# --------------------------------------------------------------------------- reporting
+
+
+def to_dict(result: ValidationResult) -> dict[str, Any]:
+    """A JSON-ready view of ``result``: plain Python types, NaN -> None, inf -> "inf"."""
+    return {
+        "passed": result.passed,
+        "error": result.error,
+        "input_shapes": {k: [int(d) for d in v] for k, v in result.input_shapes.items()},
+        "seconds_reference": _json_float(result.seconds_reference),
+        "seconds_candidate": _json_float(result.seconds_candidate),
+        "outputs": [
+            {
+                "name": o.name,
+                "sample": int(o.sample),
+                "dtype": o.dtype,
+                "shape": [int(d) for d in o.shape],
+                "passed": bool(o.passed),
+                "nondeterministic": bool(o.nondeterministic),
+                "reason": o.reason,
+                "rtol": _json_float(o.rtol),
+                "atol": _json_float(o.atol),
+                "max_abs": _json_float(o.max_abs),
+                "max_rel": _json_float(o.max_rel),
+                "mean_abs": _json_float(o.mean_abs),
+                "cosine": _json_float(o.cosine),
+                "pct_out_of_tol": _json_float(o.pct_out_of_tol),
+            }
+            for o in result.outputs
+        ],
+    }
+
+
+def _json_float(value: float) -> float | str | None:
+    value = float(value)
+    if math.isnan(value):
+        return None
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return value
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _error_text(error: BaseException) -> str:
+    text = str(error).strip()
+    return text or type(error).__name__
+
+
+def _first_line(error: BaseException | str) -> str:
+    text = error if isinstance(error, str) else _error_text(error)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[0] if lines else "unknown error"
