@@ -153,7 +153,7 @@ def load_refusing(model_path: Path, forbidden: Path, monkeypatch: pytest.MonkeyP
 
     worker = threading.Thread(target=target, daemon=True)
     worker.start()
-    worker.join(20)
+    worker.join(10)
     if worker.is_alive():
         if Path(forbidden).is_fifo():  # unblock the reader so the thread can finish
             fd = real_os_open(forbidden, os.O_WRONLY | os.O_NONBLOCK)

@@ -1,0 +1,179 @@
+"""The one-way pipeline: load -> prepare -> rewrite -> validate -> measure.
+
+Each stage returns a plain result object; ``optimize`` strings them together
+and returns an ``OptimizeResult`` that the CLI (or a Python user) reports on
+and saves. Nothing here prints.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import onnx_ir as ir
+
+from . import modelio, traffic
+from .compile import CompiledRule, compile_rules
+from .errors import BadInputError
+from .prepare import (
+    PrepareResult,
+    detach_legacy_initializer_inputs,
+    prepare,
+    reattach_legacy_initializer_inputs,
+)
+from .rewrite import RewriteResult, apply_rules
+from .rulefile import Rule, builtin_rule_paths, load_rules
+from .ruletest import op_histogram
+from .validate import ValidationOptions, ValidationResult, validate
+
+TARGETS = ("onnx", "onnxruntime")
+
+
+@dataclass(frozen=True)
+class OptimizeResult:
+    """Everything one optimization run produced; ``model`` is ready to save."""
+
+    model: ir.Model
+    rewrite: RewriteResult
+    prepared: PrepareResult
+    validation: ValidationResult | None
+    traffic_before: traffic.TrafficReport
+    traffic_after: traffic.TrafficReport
+    ops_before: Counter[str]
+    ops_after: Counter[str]
+    nodes_before: int
+    nodes_after: int
+    seconds: dict[str, float] = field(default_factory=dict)
+    rules: tuple[str, ...] = ()
+    source: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        """True unless validation ran and found a difference."""
+        return self.validation is None or self.validation.passed
+
+    @property
+    def bytes_saved(self) -> int:
+        return self.traffic_before.total_bytes - self.traffic_after.total_bytes
+
+
+def select_rules(
+    rules: Sequence[Rule],
+    include: Iterable[str] = (),
+    exclude: Iterable[str] = (),
+) -> list[Rule]:
+    """Keep rules whose id matches any ``include`` glob (all if none) and no ``exclude`` glob."""
+    include, exclude = list(include), list(exclude)
+    chosen = [
+        r for r in rules
+        if (not include or any(fnmatch.fnmatchcase(r.id, g) for g in include))
+        and not any(fnmatch.fnmatchcase(r.id, g) for g in exclude)
+    ]
+    for pattern in include:
+        if not any(fnmatch.fnmatchcase(r.id, pattern) for r in rules):
+            raise BadInputError(f"--rule {pattern!r} matches no rule")
+    return chosen
+
+
+def load_rule_set(
+    paths: Iterable[str | Path] = (),
+    *,
+    builtin: bool = True,
+    include: Iterable[str] = (),
+    exclude: Iterable[str] = (),
+) -> list[CompiledRule]:
+    """Built-in rules (unless disabled) then user rule files/folders, selected and compiled."""
+    all_paths: list[str | Path] = [*builtin_rule_paths()] if builtin else []
+    for path in paths:
+        if not Path(path).exists():
+            raise BadInputError(f"{path}: rule path not found")
+        all_paths.append(path)
+    return compile_rules(select_rules(load_rules(all_paths), include, exclude))
+
+
+def optimize(
+    model: str | Path | ir.Model,
+    *,
+    rules: Sequence[CompiledRule] | None = None,
+    target: str = "onnx",
+    opset: int | None = None,
+    dims: Mapping[str, int] | None = None,
+    check: bool = True,
+    validation: ValidationOptions | None = None,
+    fold_constants: bool = True,
+    progress: Callable[[str], None] | None = None,
+) -> OptimizeResult:
+    """Optimize a model (a path or an ``ir.Model``, which is not modified).
+
+    ``check=False`` skips validation on onnxruntime. ``dims`` binds symbolic
+    dimensions for the traffic model and generated validation inputs.
+    """
+    say = progress or (lambda _msg: None)
+    seconds: dict[str, float] = {}
+    clock = time.perf_counter()
+    if target not in TARGETS:
+        raise BadInputError(f"unknown target {target!r}; choose one of {', '.join(TARGETS)}")
+    dims = dict(dims or {})
+    say("loading model")
+    if isinstance(model, ir.Model):
+        reference: ir.Model | str = ir.from_proto(ir.to_proto(model))
+        working = ir.from_proto(ir.to_proto(model))
+        source = None
+    else:
+        working = modelio.load_model(model)
+        reference = str(model)
+        source = str(model)
+    if rules is None:
+        rules = load_rule_set()
+    seconds["load"] = time.perf_counter() - clock
+
+    clock = time.perf_counter()
+    if opset is not None:
+        working = modelio.upgrade_opset(working, opset)
+    detach_legacy_initializer_inputs(working)
+    signature = modelio.snapshot_signature(working)
+    ops_before = op_histogram(working.graph)
+    nodes_before = sum(ops_before.values())
+    say("folding constants and inferring shapes")
+    prepared = prepare(working, fold=fold_constants)
+    traffic_before = traffic.measure(working, dims=dims)
+    seconds["prepare"] = time.perf_counter() - clock
+
+    clock = time.perf_counter()
+    say("applying rules")
+    rewrite = apply_rules(working, rules, target=target, dims=dims)
+    modelio.restore_signature(working, signature, keep_opsets=opset is not None)
+    reattach_legacy_initializer_inputs(working)
+    seconds["rewrite"] = time.perf_counter() - clock
+
+    clock = time.perf_counter()
+    traffic_after = traffic.measure(working, dims=dims)
+    ops_after = op_histogram(working.graph)
+    seconds["measure"] = time.perf_counter() - clock
+
+    result_validation = None
+    if check:
+        clock = time.perf_counter()
+        options = validation or ValidationOptions(dims=dims)
+        result_validation = validate(reference, working, options, progress=say)
+        seconds["validate"] = time.perf_counter() - clock
+
+    return OptimizeResult(
+        model=working,
+        rewrite=rewrite,
+        prepared=prepared,
+        validation=result_validation,
+        traffic_before=traffic_before,
+        traffic_after=traffic_after,
+        ops_before=ops_before,
+        ops_after=ops_after,
+        nodes_before=nodes_before,
+        nodes_after=sum(ops_after.values()),
+        seconds=seconds,
+        rules=tuple(r.id for r in rules),
+        source=source,
+    )

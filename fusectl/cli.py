@@ -1,0 +1,283 @@
+"""The ``fusectl`` command: a thin click shell over the API.
+
+Exit codes (every command): 0 success; 1 a check failed (outputs differ, a
+rule test failed); 2 bad usage or bad input (one clear line, no traceback);
+3 internal error (message plus a request to report it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from . import __version__
+from .errors import BadInputError, CheckFailedError, FusectlError, RuleFileError
+
+_stdout = Console(highlight=False)
+_stderr = Console(stderr=True, highlight=False)
+
+
+def _error(message: str) -> None:
+    """One message to stderr, never wrapped (a wrapped line is several lines to a CI log)."""
+    _stderr.print(message, markup=False, highlight=False, soft_wrap=True)
+
+
+def _parse_dims(values: Sequence[str]) -> dict[str, int]:
+    dims = {}
+    for item in values:
+        name, sep, number = item.partition("=")
+        if not sep or not name or not number.strip().lstrip("-").isdigit() or int(number) < 1:
+            raise BadInputError(f"--dim {item!r}: expected NAME=VALUE with a positive integer")
+        dims[name.strip()] = int(number)
+    return dims
+
+
+def _parse_ranges(values: Sequence[str]) -> dict[str, tuple[float, float]]:
+    ranges = {}
+    for item in values:
+        name, sep, span = item.partition("=")
+        lo, colon, hi = span.partition(":")
+        try:
+            bounds = (float(lo), float(hi))
+        except ValueError:
+            bounds = None
+        if not sep or not colon or bounds is None or bounds[0] >= bounds[1]:
+            raise BadInputError(f"--input-range {item!r}: expected NAME=LO:HI with LO < HI")
+        ranges[name] = bounds
+    return ranges
+
+
+def default_output(model: Path) -> Path:
+    """``model.onnx`` -> ``model.opt.onnx`` beside it."""
+    stem = model.name[:-5] if model.name.endswith(".onnx") else model.name
+    return model.with_name(stem + ".opt.onnx")
+
+
+@contextlib.contextmanager
+def _status(quiet: bool) -> Iterator[object]:
+    """A spinner naming the current stage, on a terminal only."""
+    if quiet or not _stderr.is_terminal:
+        yield lambda _message: None
+        return
+    with _stderr.status("starting") as status:
+        yield lambda message: status.update(message)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="fusectl")
+def cli() -> None:
+    """Declarative ONNX fusion rules, verified on onnxruntime, with the memory traffic saved."""
+
+
+@cli.command()
+@click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
+              help="Where to write the optimized model [default: MODEL.opt.onnx].")
+@click.option("--rules", "rule_paths", multiple=True, type=click.Path(path_type=Path),
+              help="Rule file or folder, added to the built-in library (repeatable).")
+@click.option("--no-builtin-rules", is_flag=True, help="Use only the --rules files.")
+@click.option("--rule", "include", multiple=True, metavar="ID",
+              help="Only rules whose id matches this glob (repeatable).")
+@click.option("--skip-rule", "exclude", multiple=True, metavar="ID",
+              help="Skip rules whose id matches this glob (repeatable).")
+@click.option("--target", default="onnx", show_default=True,
+              type=click.Choice(["onnx", "onnxruntime"]),
+              help="onnx: standard ops only; onnxruntime: may emit its contrib ops.")
+@click.option("--opset", type=click.IntRange(1, 99), help="Upgrade the model to this opset first.")
+@click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE",
+              help="Bind a symbolic dimension (traffic model and generated inputs).")
+@click.option("--input", "input_files", multiple=True, metavar="NAME=FILE.npy",
+              help="Validation input from a .npy file (repeatable).")
+@click.option("--inputs", "inputs_npz", type=click.Path(dir_okay=False),
+              help="Validation inputs from an .npz file.")
+@click.option("--input-range", "input_ranges", multiple=True, metavar="NAME=LO:HI",
+              help="Range for a generated input.")
+@click.option("--seed", default=0, show_default=True, help="Seed of generated inputs.")
+@click.option("--samples", default=1, show_default=True, type=click.IntRange(1, 1000),
+              help="Number of input sets to validate with.")
+@click.option("--atol", type=click.FloatRange(0), help="Absolute tolerance (all outputs).")
+@click.option("--rtol", type=click.FloatRange(0), help="Relative tolerance (all outputs).")
+@click.option("--no-validate", is_flag=True, help="Do not run the models on onnxruntime.")
+@click.option("--force", is_flag=True, help="Write the model even if validation fails.")
+@click.option("--no-fold", is_flag=True, help="Do not fold constant subgraphs first.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False),
+              help="Write the report as JSON (schema fusectl.optimize/1).")
+@click.option("--in-place", is_flag=True, help="Replace MODEL (atomically).")
+@click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors.")
+@click.option("-v", "--verbose", is_flag=True, help="Also list skipped rules, refused "
+              "matches and the top nodes by traffic.")
+def optimize(model: Path, output: Path | None, rule_paths: tuple[Path, ...],
+             no_builtin_rules: bool, include: tuple[str, ...], exclude: tuple[str, ...],
+             target: str, opset: int | None, dims: tuple[str, ...],
+             input_files: tuple[str, ...], inputs_npz: str | None,
+             input_ranges: tuple[str, ...], seed: int, samples: int, atol: float | None,
+             rtol: float | None, no_validate: bool, force: bool, no_fold: bool,
+             json_path: str | None, in_place: bool, quiet: bool, verbose: bool) -> None:
+    """Apply the rule set to MODEL, validate on onnxruntime, report and save."""
+    from . import api, modelio, report
+    from .validate import ValidationOptions, load_input_files
+
+    if in_place and output is not None:
+        raise BadInputError("--in-place and -o/--output exclude each other")
+    if no_builtin_rules and not rule_paths:
+        raise BadInputError("--no-builtin-rules needs at least one --rules PATH")
+    bound = _parse_dims(dims)
+    ranges = _parse_ranges(input_ranges)
+    target_path = model if in_place else (output or default_output(model))
+    rules = api.load_rule_set(rule_paths, builtin=not no_builtin_rules, include=include,
+                              exclude=exclude)
+    given = load_input_files(input_files, inputs_npz) if (input_files or inputs_npz) else None
+    options = ValidationOptions(inputs=given, dims=bound, seed=seed, samples=samples,
+                                input_ranges=ranges, rtol=rtol, atol=atol)
+    with _status(quiet) as say:
+        result = api.optimize(model, rules=rules, target=target, opset=opset, dims=bound,
+                              check=not no_validate, validation=options,
+                              fold_constants=not no_fold, progress=say)
+    write = result.passed or force
+    written = None
+    if write:
+        protect = None if in_place else model
+        modelio.save_model(result.model, target_path, overwrite_protect=protect)
+        written = str(target_path)
+    if json_path:
+        report.write_json(report.optimize_json(result, output=written), json_path)
+    if not quiet:
+        report.print_optimize(result, _stdout, verbose=verbose, output=written)
+    if not result.passed:
+        hint = "model written anyway (--force)" if written else "optimized model NOT written"
+        raise CheckFailedError(f"optimized model computes different outputs; {hint}")
+
+
+@cli.group()
+def rules() -> None:
+    """Browse, check and test rules."""
+
+
+def _rule_set(paths: Sequence[Path], builtin: bool) -> list:
+    from .api import load_rule_set
+
+    return load_rule_set(paths, builtin=builtin)
+
+
+@rules.command("list")
+@click.option("--rules", "rule_paths", multiple=True, type=click.Path(path_type=Path))
+@click.option("--no-builtin-rules", is_flag=True)
+def rules_list(rule_paths: tuple[Path, ...], no_builtin_rules: bool) -> None:
+    """List rules: id, opset range, target and summary."""
+    from rich.table import Table
+
+    table = Table()
+    for col in ("id", "opset", "target", "tests", "summary"):
+        table.add_column(col)
+    for rule in _rule_set(rule_paths, not no_builtin_rules):
+        opsets = ", ".join(f"{d or 'ai.onnx'} {r.text}" for d, r in rule.rule.when.opsets)
+        table.add_row(rule.id, opsets or "any", ", ".join(rule.rule.when.targets),
+                      str(len(rule.rule.tests)), rule.rule.summary)
+    _stdout.print(table)
+
+
+@rules.command("show")
+@click.argument("rule_id")
+@click.option("--rules", "rule_paths", multiple=True, type=click.Path(path_type=Path))
+def rules_show(rule_id: str, rule_paths: tuple[Path, ...]) -> None:
+    """Show one rule: where it is defined, its pattern, conditions and replacement."""
+    for compiled in _rule_set(rule_paths, True):
+        rule = compiled.rule
+        if rule.id != rule_id:
+            continue
+        _stdout.print(f"[bold]{rule.id}[/bold]  ({rule.source})")
+        _stdout.print(rule.summary)
+        _stdout.print("[bold]match[/bold]")
+        for line in rule.match_text:
+            _stdout.print(f"  {line}", markup=False)
+        for cond in rule.where:
+            _stdout.print(f"[bold]where[/bold] {cond.expression.source}", markup=False)
+        for binding in rule.let:
+            _stdout.print(f"[bold]let[/bold] {binding.name} = {binding.expression.source}")
+        _stdout.print("[bold]replace[/bold]")
+        for line in rule.replace_text:
+            _stdout.print(f"  {line}", markup=False)
+        _stdout.print(f"{len(compiled.variants)} pattern variants; "
+                      f"{len(rule.tests)} embedded tests")
+        return
+    raise BadInputError(f"no rule with id {rule_id!r} (fusectl rules list shows them)")
+
+
+@rules.command("lint")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+def rules_lint(paths: tuple[Path, ...]) -> None:
+    """Check rule files: schema, names, expressions, statements, tests present and parsing."""
+    from .api import load_rule_set
+    from .ruletest import lint_tests
+
+    compiled = load_rule_set(paths, builtin=False)
+    problems = lint_tests(compiled)
+    if problems:
+        raise RuleFileError([(None, p) for p in problems])
+    _stdout.print(f"{len(compiled)} rules OK")
+
+
+@rules.command("test")
+@click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
+@click.option("--rule", "include", multiple=True, metavar="ID", help="Only these rules (glob).")
+@click.option("--seed", default=0, show_default=True)
+def rules_test(paths: tuple[Path, ...], include: tuple[str, ...], seed: int) -> None:
+    """Run the embedded tests of rules (the built-in library when no PATH is given)."""
+    from rich.progress import Progress
+
+    from .api import load_rule_set
+    from .report import print_rule_tests
+    from .ruletest import run_tests
+
+    compiled = load_rule_set(paths, builtin=not paths, include=include)
+    total = sum(len(r.rule.tests) for r in compiled)
+    with Progress(console=_stderr, transient=True, disable=not _stderr.is_terminal) as bar:
+        task = bar.add_task("rule tests", total=total)
+        outcomes = run_tests(compiled, seed=seed, on_result=lambda _o: bar.advance(task))
+    print_rule_tests(outcomes, _stdout)
+    if any(not o.passed for o in outcomes):
+        raise CheckFailedError(f"{sum(not o.passed for o in outcomes)} rule tests failed")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point: run click, map every error to its exit code and one clear message."""
+    try:
+        cli.main(args=list(argv) if argv is not None else None, prog_name="fusectl",
+                 standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        return int(exc.exit_code or 0)
+    except click.exceptions.Abort:
+        _stderr.print("aborted")
+        return 2
+    except click.ClickException as exc:
+        _error(f"error: {exc.format_message()}")
+        return 2
+    except CheckFailedError as exc:
+        _error(f"check failed: {exc}")
+        return exc.exit_code
+    except FusectlError as exc:
+        if exc.exit_code == 2:
+            _error(f"error: {exc}")
+        else:
+            _error(f"internal error: {exc}\nplease report this at the fusectl issue tracker")
+        return exc.exit_code
+    except KeyboardInterrupt:
+        _stderr.print("interrupted")
+        return 130
+    except Exception as exc:  # noqa: BLE001 - the last line of defence
+        if os.environ.get("FUSECTL_DEBUG"):
+            raise
+        _error(f"internal error: {type(exc).__name__}: {exc}\n"
+               "please report this (set FUSECTL_DEBUG=1 for a traceback)")
+        return 3
+    return 0
+
+
+def entry() -> None:  # pragma: no cover - console script
+    sys.exit(main())

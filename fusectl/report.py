@@ -1,0 +1,231 @@
+"""Reports from result objects: rich terminal tables and a JSON document.
+
+The only module that imports rich. The JSON carries the same numbers as the
+terminal report; its schema is versioned (``schema``) and documented in the
+README.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from . import __version__
+from .api import OptimizeResult
+from .ruletest import TestOutcome
+from .validate import to_dict as validation_to_dict
+
+JSON_SCHEMA = "fusectl.optimize/1"
+
+
+def human_bytes(n: float) -> str:
+    """1536 -> '1.5 KiB'; negative numbers keep their sign."""
+    sign = "-" if n < 0 else ""
+    n = abs(float(n))
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{sign}{n:.0f} {unit}" if unit == "B" else f"{sign}{n:.1f} {unit}"
+        n /= 1024
+    return f"{sign}{n:.1f} TiB"
+
+
+def _pct(saved: float, total: float) -> str:
+    return f"{100.0 * saved / total:.1f}%" if total else "0.0%"
+
+
+def _fmt_float(value: float | None) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:.3g}"
+
+
+# ------------------------------------------------------------------------ terminal
+
+
+def print_optimize(result: OptimizeResult, console: Console, *, verbose: bool = False,
+                   output: str | None = None) -> None:
+    """The terminal report of ``fusectl optimize``."""
+    rw = result.rewrite
+    title = Text.assemble(("fusectl optimize ", "bold"), (result.source or "<model>", "cyan"))
+    console.print(title)
+    if result.prepared.folded_nodes:
+        console.print(f"folded {result.prepared.folded_nodes} constant nodes before matching")
+
+    counts, saved = rw.counts(), rw.saved_by_rule()
+    if counts:
+        table = Table(title="Rules applied", title_justify="left")
+        table.add_column("rule")
+        table.add_column("applications", justify="right")
+        table.add_column("bytes saved", justify="right")
+        for rule_id, count in counts.items():
+            table.add_row(rule_id, str(count), human_bytes(saved[rule_id]))
+        console.print(table)
+    else:
+        console.print("[yellow]no rule fired[/yellow]")
+    if rw.capped:
+        console.print(f"[yellow]capped (possible runaway): {', '.join(rw.capped)}[/yellow]")
+    if verbose and rw.skipped:
+        table = Table(title="Rules skipped", title_justify="left")
+        table.add_column("rule")
+        table.add_column("reason")
+        for rule_id, reason in rw.skipped:
+            table.add_row(rule_id, reason)
+        console.print(table)
+    elif rw.skipped:
+        console.print(f"{len(rw.skipped)} rules skipped for this model (--verbose lists why)")
+    if verbose and rw.rejections:
+        table = Table(title="Matches refused by a condition", title_justify="left")
+        table.add_column("rule")
+        table.add_column("node")
+        table.add_column("reason")
+        for rej in rw.rejections:
+            table.add_row(rej.rule_id, rej.node, rej.reason)
+        console.print(table)
+
+    ops = Table(title="Ops before -> after", title_justify="left")
+    ops.add_column("op")
+    ops.add_column("before", justify="right")
+    ops.add_column("after", justify="right")
+    for op in sorted(set(result.ops_before) | set(result.ops_after)):
+        before, after = result.ops_before.get(op, 0), result.ops_after.get(op, 0)
+        if verbose or before != after:
+            ops.add_row(op, str(before), str(after))
+    ops.add_row("[bold]nodes[/bold]", str(result.nodes_before), str(result.nodes_after))
+    console.print(ops)
+
+    tb, ta = result.traffic_before, result.traffic_after
+    summary = Table(title="Memory traffic (SPEC §6 model)", title_justify="left")
+    summary.add_column("")
+    summary.add_column("before", justify="right")
+    summary.add_column("after", justify="right")
+    summary.add_column("saved", justify="right")
+    saved_bytes = tb.total_bytes - ta.total_bytes
+    summary.add_row("bytes moved", human_bytes(tb.total_bytes), human_bytes(ta.total_bytes),
+                    f"{human_bytes(saved_bytes)} ({_pct(saved_bytes, tb.total_bytes)})")
+    summary.add_row("kernels", str(tb.kernel_count), str(ta.kernel_count),
+                    str(tb.kernel_count - ta.kernel_count))
+    summary.add_row("FLOPs", f"{tb.flops:,}", f"{ta.flops:,}", f"{tb.flops - ta.flops:,}")
+    summary.add_row("parameters", human_bytes(tb.param_bytes), human_bytes(ta.param_bytes), "")
+    console.print(summary)
+    if tb.unknown_nodes or ta.unknown_nodes:
+        console.print(f"[yellow]{ta.unknown_nodes} nodes have unknown shapes; their traffic is "
+                      "partial (bind symbolic dims with --dim)[/yellow]")
+    if verbose:
+        top = Table(title="Top nodes by traffic (after)", title_justify="left")
+        for col in ("node", "op", "read", "written"):
+            top.add_column(col, justify="right" if col in ("read", "written") else "left")
+        for node in ta.top(10):
+            top.add_row(node.name, node.op_type, human_bytes(node.bytes_read),
+                        human_bytes(node.bytes_written))
+        console.print(top)
+    print_validation(result, console)
+    if output:
+        console.print(f"wrote {output}")
+
+
+def print_validation(result: OptimizeResult, console: Console) -> None:
+    validation = result.validation
+    if validation is None:
+        console.print("[yellow]validation skipped (--no-validate)[/yellow]")
+        return
+    table = Table(title="Validation on onnxruntime (optimizations disabled)",
+                  title_justify="left")
+    for col in ("output", "dtype", "shape", "max abs", "max rel", "cosine", "% out", "status"):
+        table.add_column(col)
+    for out in validation.outputs:
+        status = "[green]ok[/green]" if out.passed else "[red]MISMATCH[/red]"
+        if out.nondeterministic:
+            status = "[yellow]non-deterministic[/yellow]"
+        table.add_row(out.name, out.dtype, str(list(out.shape)), _fmt_float(out.max_abs),
+                      _fmt_float(out.max_rel), _fmt_float(out.cosine),
+                      _fmt_float(out.pct_out_of_tol), status)
+    console.print(table)
+    if validation.error:
+        console.print(f"[red]{validation.error}[/red]")
+    verdict = "[green]outputs match[/green]" if validation.passed else "[red]outputs differ[/red]"
+    console.print(f"validation: {verdict}")
+
+
+def print_rule_tests(outcomes: Iterable[TestOutcome], console: Console) -> None:
+    outcomes = list(outcomes)
+    failed = [o for o in outcomes if not o.passed]
+    for outcome in failed:
+        console.print(f"[red]FAIL[/red] {outcome.rule_id} / {outcome.test} ({outcome.location})")
+        for problem in outcome.problems:
+            console.print(f"     {problem}")
+    passed = len(outcomes) - len(failed)
+    colour = "red" if failed else "green"
+    console.print(f"[{colour}]{passed} passed, {len(failed)} failed[/{colour}]")
+
+
+# ---------------------------------------------------------------------------- json
+
+
+def optimize_json(result: OptimizeResult, *, output: str | None = None) -> dict[str, Any]:
+    """The ``--json`` document of ``fusectl optimize`` (schema ``fusectl.optimize/1``)."""
+    tb, ta = result.traffic_before, result.traffic_after
+    rw = result.rewrite
+    saved = rw.saved_by_rule()
+    return {
+        "schema": JSON_SCHEMA,
+        "fusectl_version": __version__,
+        "model": result.source,
+        "output": output,
+        "passed": result.passed,
+        "rules": {
+            "run": list(rw.rules_run),
+            "applied": [
+                {"id": rule_id, "applications": count, "bytes_saved": saved[rule_id]}
+                for rule_id, count in rw.counts().items()
+            ],
+            "skipped": [{"id": rule_id, "reason": reason} for rule_id, reason in rw.skipped],
+            "capped": list(rw.capped),
+            "passes": rw.passes,
+        },
+        "applications": [
+            {
+                "rule": app.rule_id,
+                "graph": app.graph,
+                "matched": list(app.matched),
+                "matched_ops": list(app.matched_ops),
+                "created": list(app.created),
+                "created_ops": list(app.created_ops),
+                "initializers": list(app.initializers),
+                "bytes_before": app.bytes_before,
+                "bytes_after": app.bytes_after,
+                "bytes_saved": app.bytes_saved,
+            }
+            for app in rw.applications
+        ],
+        "ops": {"before": dict(result.ops_before), "after": dict(result.ops_after)},
+        "nodes": {"before": result.nodes_before, "after": result.nodes_after},
+        "constant_nodes_folded": result.prepared.folded_nodes,
+        "traffic": {
+            "bytes_before": tb.total_bytes,
+            "bytes_after": ta.total_bytes,
+            "bytes_saved": tb.total_bytes - ta.total_bytes,
+            "percent_saved": round(100.0 * (tb.total_bytes - ta.total_bytes) / tb.total_bytes, 3)
+            if tb.total_bytes else 0.0,
+            "kernels_before": tb.kernel_count,
+            "kernels_after": ta.kernel_count,
+            "flops_before": tb.flops,
+            "flops_after": ta.flops,
+            "param_bytes_before": tb.param_bytes,
+            "param_bytes_after": ta.param_bytes,
+            "unknown_shape_nodes_after": ta.unknown_nodes,
+        },
+        "validation": validation_to_dict(result.validation) if result.validation else None,
+        "seconds": {k: round(v, 4) for k, v in result.seconds.items()},
+    }
+
+
+def write_json(document: dict[str, Any], path: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(document, f, indent=2, allow_nan=False)
+        f.write("\n")

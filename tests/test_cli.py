@@ -1,0 +1,171 @@
+"""End-to-end tests of the ``fusectl`` command: exit codes, outputs, reports, bad input."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import onnx
+import pytest
+
+from fusectl.cli import default_output, main
+
+DATA = Path(__file__).parent / "data"
+
+
+def run(capsys, *args: str) -> tuple[int, str, str]:
+    code = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def cnn(tmp_path: Path, samples: Path) -> Path:
+    target = tmp_path / "cnn.onnx"
+    shutil.copy(samples / "cnn.onnx", target)
+    return target
+
+
+def test_optimize_sample_writes_default_output_and_json(capsys, cnn: Path, tmp_path: Path):
+    before = digest(cnn)
+    report = tmp_path / "report.json"
+    code, out, err = run(capsys, "optimize", cnn, "--json", report)
+    assert code == 0, err
+    written = tmp_path / "cnn.opt.onnx"
+    assert written.exists() and default_output(cnn) == written
+    assert digest(cnn) == before, "the input model must never change"
+    model = onnx.load(written)
+    onnx.checker.check_model(model, full_check=True)
+    ops = [n.op_type for n in model.graph.node]
+    assert "BatchNormalization" not in ops and "Mul" not in ops
+    doc = json.loads(report.read_text())
+    assert doc["schema"] == "fusectl.optimize/1"
+    assert doc["passed"] is True
+    applied = {r["id"]: r["applications"] for r in doc["rules"]["applied"]}
+    assert applied["conv-bn-fold"] == 2
+    assert doc["traffic"]["bytes_after"] < doc["traffic"]["bytes_before"]
+    assert doc["traffic"]["bytes_saved"] == sum(r["bytes_saved"] for r in doc["rules"]["applied"])
+    assert doc["validation"]["outputs"][0]["passed"] is True
+    assert "conv-bn-fold" in out and "outputs match" in out
+
+
+def test_signature_metadata_and_opsets_preserved(capsys, cnn: Path, tmp_path: Path):
+    out_path = tmp_path / "o.onnx"
+    assert run(capsys, "optimize", cnn, "-o", out_path, "-q")[0] == 0
+    a, b = onnx.load(cnn), onnx.load(out_path)
+    assert a.graph.input == b.graph.input and a.graph.output == b.graph.output
+    assert a.opset_import == b.opset_import and a.ir_version == b.ir_version
+    assert a.metadata_props == b.metadata_props and a.doc_string == b.doc_string
+    assert a.producer_name == b.producer_name
+
+
+def test_wrong_rule_is_caught_and_model_not_written(capsys, cnn: Path, tmp_path: Path):
+    out_path = tmp_path / "o.onnx"
+    code, _, err = run(capsys, "optimize", cnn, "-o", out_path, "--no-builtin-rules",
+                       "--rules", DATA / "wrong_bn_fold.yaml")
+    assert code == 1
+    assert "different outputs" in err
+    assert not out_path.exists()
+    code, _, _ = run(capsys, "optimize", cnn, "-o", out_path, "--no-builtin-rules",
+                     "--rules", DATA / "wrong_bn_fold.yaml", "--force", "-q")
+    assert code == 1 and out_path.exists()
+
+
+def test_wrong_rule_fails_its_own_embedded_test(capsys):
+    code, out, _ = run(capsys, "rules", "test", DATA / "wrong_bn_fold.yaml")
+    assert code == 1
+    assert "outputs changed" in out and "1 passed, 1 failed" in out
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        (b"", "empty"),
+        (b"\x00\x01garbage\xff" * 10, ""),
+        (b"hello, I am a text file\n", ""),
+    ],
+    ids=["empty", "random-bytes", "text"],
+)
+def test_bad_model_files_exit_2_one_line(capsys, tmp_path: Path, content: bytes, needle: str):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(content)
+    code, out, err = run(capsys, "optimize", bad)
+    assert code == 2
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert needle in err
+    assert bad.read_bytes() == content
+    assert not (tmp_path / "bad.opt.onnx").exists()
+
+
+def test_truncated_and_missing_models(capsys, cnn: Path, tmp_path: Path):
+    truncated = tmp_path / "t.onnx"
+    truncated.write_bytes(cnn.read_bytes()[: 3000])
+    for path in (truncated, tmp_path / "missing.onnx"):
+        code, _, err = run(capsys, "optimize", path)
+        assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_bad_rule_file_reports_every_problem_with_lines(capsys, cnn: Path):
+    code, _, err = run(capsys, "optimize", cnn, "--rules", DATA / "bad_rule.yaml")
+    assert code == 2 and "Traceback" not in err
+    assert "bad_rule.yaml:6:" in err  # the statement
+    assert "bad_rule.yaml:8:" in err  # the hostile expression
+    assert "bad_rule.yaml:11:" in err  # the unknown key
+    assert not (cnn.parent / "cnn.opt.onnx").exists()
+
+
+def test_output_over_input_is_refused_in_place_is_atomic(capsys, cnn: Path):
+    before = digest(cnn)
+    code, _, err = run(capsys, "optimize", cnn, "-o", cnn)
+    assert code == 2 and digest(cnn) == before
+    code, _, _ = run(capsys, "optimize", cnn, "--in-place", "-q")
+    assert code == 0 and digest(cnn) != before
+    assert [p.name for p in cnn.parent.iterdir()] == ["cnn.onnx"]
+    assert "BatchNormalization" not in {n.op_type for n in onnx.load(cnn).graph.node}
+
+
+def test_rule_selection_and_no_validate(capsys, cnn: Path, tmp_path: Path):
+    report = tmp_path / "r.json"
+    code, _, _ = run(capsys, "optimize", cnn, "--rule", "conv-bn-*", "--no-validate",
+                     "--json", report, "-q")
+    assert code == 0
+    doc = json.loads(report.read_text())
+    assert [r["id"] for r in doc["rules"]["applied"]] == ["conv-bn-fold"]
+    assert doc["validation"] is None
+    code, _, err = run(capsys, "optimize", cnn, "--rule", "no-such-rule")
+    assert code == 2 and "matches no rule" in err
+
+
+def test_bad_options_exit_2(capsys, cnn: Path):
+    for args in (["--dim", "N"], ["--dim", "N=0"], ["--input-range", "x=3:1"],
+                 ["--target", "tpu"], ["--input", "nope=missing.npy"]):
+        code, _, err = run(capsys, "optimize", cnn, *args)
+        assert code == 2, args
+        assert "Traceback" not in err
+
+
+def test_rules_commands(capsys):
+    code, out, _ = run(capsys, "rules", "list")
+    assert code == 0 and "conv-bn-fold" in out and "gelu-erf" in out
+    code, out, _ = run(capsys, "rules", "show", "conv-bn-fold")
+    assert code == 0 and "BatchNormalization" in out
+    assert run(capsys, "rules", "show", "nope")[0] == 2
+    code, out, _ = run(capsys, "rules", "test")
+    assert code == 0 and " 0 failed" in out
+    code, out, _ = run(capsys, "rules", "lint", Path(__file__).parent.parent / "rules")
+    assert code == 0 and "rules OK" in out
+    code, _, err = run(capsys, "rules", "lint", DATA / "bad_rule.yaml")
+    assert code == 2 and "bad_rule.yaml:6:" in err
+
+
+def test_version_and_help(capsys):
+    code, out, _ = run(capsys, "--version")
+    assert code == 0 and "fusectl" in out
+    code, out, _ = run(capsys, "optimize", "--help")
+    assert code == 0 and "--no-validate" in out
