@@ -226,7 +226,7 @@ def _same(actual: Any, expected: Any) -> bool:
         if not isinstance(actual, (list, tuple)) or not isinstance(expected, (list, tuple)):
             return False
         return len(actual) == len(expected) and all(
-            _same(a, e) for a, e in zip(actual, expected)
+            _same(a, e) for a, e in zip(actual, expected, strict=True)
         )
     if isinstance(actual, np.ndarray) or isinstance(expected, np.ndarray):
         return bool(np.array_equal(np.asarray(actual), np.asarray(expected)))
@@ -336,7 +336,7 @@ def _variant(rule: Rule, specs: tuple[NodeSpec, ...],
         return values[item.name]
 
     node_of_spec: dict[int, Any] = {}
-    for spec, (op, swap) in zip(specs, combo):
+    for spec, (op, swap) in zip(specs, combo, strict=True):
         args = [value_for(i) for i in spec.inputs]
         if swap:
             args = [args[1], args[0]]
@@ -347,7 +347,7 @@ def _variant(rule: Rule, specs: tuple[NodeSpec, ...],
             _allow_other_attributes=True,
         )
         outs = outs if isinstance(outs, (list, tuple)) else [outs]
-        for name, out in zip(spec.outputs, outs):
+        for name, out in zip(spec.outputs, outs, strict=True):
             values[name] = out
         node_of_spec[spec.index] = builder.nodes()[-1]
     outputs = [values[name] for name in rule.outputs]
@@ -493,7 +493,7 @@ def _build_replacement(rule: Rule, model: ir.Model, graph: ir.Graph | ir.Functio
                 attrs[attr_spec.name] = built
         node = ir.Node(op.domain, op.op_type, inputs, attributes=list(attrs.values()),
                        num_outputs=len(spec.outputs))
-        for out_name, value in zip(spec.outputs, node.outputs):
+        for out_name, value in zip(spec.outputs, node.outputs, strict=True):
             made[out_name] = value
             if out_name in producer_of:
                 name_hints[len(new_nodes)] = producer_of[out_name].name or ""

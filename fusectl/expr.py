@@ -66,10 +66,9 @@ def to_array(value: Any, name: str = "value") -> Any:
         if tensor is None:
             raise NoMatch(f"{value.name or name} is not a constant")
         array = tensor.numpy()
-        if array.dtype.kind == "V" or str(array.dtype) in ("bfloat16", "float8_e4m3fn"):
-            array = array.astype(np.float32)
-        elif array.dtype == np.float16:
-            array = array.astype(np.float32)
+        low_precision = array.dtype == np.float16 or array.dtype.kind == "V"
+        if low_precision or str(array.dtype).startswith(("bfloat16", "float8", "float4")):
+            array = array.astype(np.float32)  # compute folds in fp32, cast back later
         return array
     if value is None:
         raise NoMatch(f"{name} is absent")
@@ -248,7 +247,7 @@ def _fn_broadcasts_to(small: Any, big: Any) -> bool:
     a, b = _shape_of(small), _shape_of(big)
     if len(a) > len(b):
         return False
-    return all(x == 1 or x == y for x, y in zip(reversed(a), reversed(b)))
+    return all(x == 1 or x == y for x, y in zip(reversed(a), reversed(b), strict=False))
 
 
 def _fn_trailing_axis(axes: Any, rank: int) -> int:
@@ -407,7 +406,7 @@ def _reading_order(node: ast.AST) -> Iterable[ast.AST]:
 
 def parse(source: Any, known_names: Iterable[str]) -> Expression:
     """Parse and check an expression; every problem is an ExprError with a clear message."""
-    if isinstance(source, bool) or isinstance(source, (int, float)):
+    if isinstance(source, (bool, int, float)):
         source = repr(source)
     if not isinstance(source, str):
         raise ExprError(f"an expression must be a string, got {type(source).__name__}")
@@ -450,9 +449,10 @@ def _check(node: ast.AST, known: set[str], names: set[str], depth: int) -> None:
         for arg in node.args:
             _check(arg, known, names, depth + 1)
         return
-    elif isinstance(node, ast.Constant):
-        if not isinstance(node.value, (int, float, str, bool, type(None))):
-            raise ExprError(f"literal {node.value!r} is not allowed")
+    elif isinstance(node, ast.Constant) and not isinstance(
+        node.value, (int, float, str, bool, type(None))
+    ):
+        raise ExprError(f"literal {node.value!r} is not allowed")
     for child in ast.iter_child_nodes(node):
         _check(child, known, names, depth + 1)
 
@@ -527,7 +527,7 @@ class _Evaluator:
             return _BINOPS[type(node.op)](left, right)
         if isinstance(node, ast.Compare):
             left = self.eval(node.left)
-            for op, comparator in zip(node.ops, node.comparators):
+            for op, comparator in zip(node.ops, node.comparators, strict=True):
                 right = self.eval(comparator)
                 if not _compare(op, left, right):
                     return False
@@ -548,7 +548,8 @@ class _Evaluator:
 
     def eval_index(self, node: ast.AST) -> Any:
         if isinstance(node, ast.Slice):
-            parts = [None if p is None else self.eval(p) for p in (node.lower, node.upper, node.step)]
+            bounds = (node.lower, node.upper, node.step)
+            parts = [None if p is None else self.eval(p) for p in bounds]
             return slice(*parts)
         index = self.eval(node)
         if isinstance(index, (list, tuple)):

@@ -211,7 +211,7 @@ def _apply(model: ir.Model, graph: ir.Graph, rewrite: Rewrite, names: _Names,
             names.used.discard(hint)
             old_names.discard(hint)
         node.name = names.fresh(hint)
-    for index, (old, new) in enumerate(zip(rewrite.old_outputs, rewrite.new_outputs)):
+    for index, (old, new) in enumerate(zip(rewrite.old_outputs, rewrite.new_outputs, strict=True)):
         if rewrite.aliases.get(index):
             ir.convenience.replace_all_uses_with(old, new)
             continue

@@ -90,7 +90,14 @@ FunctionKey = tuple[str, str, str]
 
 @dataclass(frozen=True)
 class NodeTraffic:
-    """Cost of one node as one kernel launch; immutable so reports can be shared freely."""
+    """Cost of one node as one kernel launch; immutable so reports can be shared freely.
+
+    ``name`` is ``node.name`` or ``f"{op_type}_{index}"``.  ``is_kernel`` is False for
+    nodes folded at load time.  ``known`` is False when a tensor's shape or dtype was
+    unknown, so the bytes (and maybe FLOPs) are a lower bound; view ops stay known since
+    they move nothing anyway.  ``macs`` is 0 for ops without multiply-accumulates.
+    ``flops_counted`` is False for ops the FLOPs model does not cover (0 FLOPs reported).
+    """
 
     name: str
     op_type: str
@@ -879,9 +886,8 @@ def _function_flops(node: ir.Node, function: ir.Function, shape_of: ShapeOf, ctx
     def body_shape(value: ir.Value | None) -> Dims | None:
         if value is None:
             return None
-        if value in env:
-            return env[value]
-        return ctx.shape(value)
+        shape = env.get(value)
+        return shape if shape is not None else ctx.shape(value)
 
     fallback = _elementwise_estimate(node, shape_of)
     call_attrs: dict[str, ir.Attr] = dict(function.attributes)

@@ -653,7 +653,7 @@ def test_in_place_with_same_data_file_and_shifted_offsets(tmp_path: Path) -> Non
     np.testing.assert_allclose(run(path), EXPECTED, rtol=1e-5)
     # The in-memory model now reads the new file; the stale tensor refuses to read.
     np.testing.assert_array_equal(model.graph.initializers["W"].const_value.numpy(), W_ARR)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="invalidated"):
         old_w.numpy()
     reloaded = load_model(path)
     np.testing.assert_array_equal(reloaded.graph.initializers["W"].const_value.numpy(), W_ARR)
