@@ -189,6 +189,8 @@ def _same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
 
 def _read_model_bytes(path: Path) -> bytes:
     """Read the model file, refusing non-regular files without blocking on a FIFO."""
+    if path.is_dir():  # os.open() on a directory differs across platforms; say it plainly
+        raise _bad(path, "is a directory, not an ONNX model file")
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
     try:
         fd = os.open(path, flags)
@@ -302,7 +304,8 @@ def _resolve_location(
     if not inside:
         raise _bad(
             path,
-            f"{what} location {location!r} resolves to {real}; {_OUTSIDE}",
+            f"{what} location {location!r} resolves to {real}; {_OUTSIDE} "
+            "(copy the model and its data into one folder)",
         )
     try:
         st = os.stat(real)
@@ -451,9 +454,36 @@ def _fsync_dir(path: Path) -> None:
         _fsync_path(path)
 
 
-def _make_temp(parent: Path, final_name: str) -> Path:
-    fd, name = tempfile.mkstemp(prefix=f".{final_name}.", suffix=".tmp", dir=parent)
-    os.close(fd)
+def _current_umask() -> int:
+    """The process umask, read without changing it where the OS allows."""
+    with contextlib.suppress(OSError, ValueError, IndexError), open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _make_temp(final: Path) -> Path:
+    """An empty temp file beside ``final`` with the mode ``final`` should end up with.
+
+    mkstemp creates 0600 files; without this every saved model would be private to its
+    owner. An existing destination keeps its mode, a new one gets the umask default.
+    """
+    fd, name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
+    try:
+        try:
+            mode = stat.S_IMODE(os.stat(final).st_mode)
+        except OSError:
+            mode = 0o666 & ~_current_umask()
+        with contextlib.suppress(OSError):
+            if hasattr(os, "fchmod"):
+                os.fchmod(fd, mode)
+            else:
+                os.chmod(name, mode)
+    finally:
+        os.close(fd)
     return Path(name)
 
 
@@ -480,7 +510,7 @@ def _save_inline(model: ir.Model, dest: Path, shown: str) -> list[Path]:
         for v, t in zip(values, originals, strict=True):
             v.const_value = _inline_view(t)
         proto = _serialize(model, shown)
-        tmp = _make_temp(dest.parent, dest.name)
+        tmp = _make_temp(dest)
         _write_model_file(proto, tmp)
         del proto
         os.replace(tmp, dest)
@@ -525,7 +555,7 @@ def _save_external(model: ir.Model, dest: Path, data_dest: Path, shown: str) -> 
     try:
         written: list[Path] = []
         if big:
-            tmp_data = _make_temp(parent, data_dest.name)
+            tmp_data = _make_temp(data_dest)
             staged = ir.external_data.convert_tensors_to_external(
                 [v.const_value for v in big], base_dir=str(parent), relative_path=tmp_data.name
             )
@@ -545,7 +575,7 @@ def _save_external(model: ir.Model, dest: Path, data_dest: Path, shown: str) -> 
         for v in small_external:
             v.const_value = _to_memory_tensor(originals[id(v)])
         proto = _serialize(model, shown)
-        tmp_model = _make_temp(parent, dest.name)
+        tmp_model = _make_temp(dest)
         _write_model_file(proto, tmp_model)
         del proto
         if tmp_data is not None:
@@ -625,8 +655,8 @@ def save_model(
             return _save_external(model, dest, data_dest, shown)
         return _save_inline(model, dest, shown)
     except OSError as e:
-        where = e.filename or shown
-        raise _bad(shown, f"cannot write {os.fspath(where)}: {e.strerror or e}") from None
+        where = os.fspath(e.filename) if e.filename else shown
+        raise _bad(shown, f"saving failed ({where}: {e.strerror or e})") from None
 
 
 # --------------------------------------------------------------------------- signature

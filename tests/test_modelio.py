@@ -7,6 +7,7 @@ import hashlib
 import io
 import os
 import random
+import stat
 import threading
 import tracemalloc
 from pathlib import Path
@@ -559,7 +560,7 @@ def test_failure_after_data_written_cleans_up(ext_model: Path, tmp_path: Path, m
     monkeypatch.setattr(ir.external_data, "convert_tensors_to_external", write_then_fail)
     with pytest.raises(BadInputError) as ei:
         save_model(load_model(ext_model), out)
-    assert "No space left" in assert_bad(ei.value, out)
+    assert "saving failed" in assert_bad(ei.value, out) and "No space left" in str(ei.value)
     assert out.read_bytes() == b"old model"
     assert (tmp_path / "out.onnx.data").read_bytes() == b"old data"
     assert listing(tmp_path) == before
@@ -603,6 +604,22 @@ def test_rename_order_data_first_model_last(ext_model: Path, tmp_path: Path, mon
     save_model(load_model(ext_model), out)
     assert renames[-2:] == ["out.onnx.data", "out.onnx"]
     assert not [n for n in listing(tmp_path) if n.startswith(".")]
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX permission bits")
+def test_saved_files_get_normal_permissions(ext_model: Path, tmp_path: Path) -> None:
+    umask = os.umask(0o022)
+    os.umask(umask)
+    out = tmp_path / "out.onnx"
+    model = load_model(ext_model)
+    save_model(model, out)
+    for p in (out, tmp_path / "out.onnx.data"):
+        assert stat.S_IMODE(p.stat().st_mode) == 0o666 & ~umask  # not mkstemp's 0600
+    out.chmod(0o640)
+    (tmp_path / "out.onnx.data").chmod(0o604)
+    save_model(model, out)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o640
+    assert stat.S_IMODE((tmp_path / "out.onnx.data").stat().st_mode) == 0o604
 
 
 # ----------------------------------------------------------------------------- overwrite / in place
