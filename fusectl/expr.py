@@ -23,6 +23,8 @@ MAX_SOURCE_CHARS = 2000
 MAX_DEPTH = 40
 MAX_EXPONENT = 64
 MAX_SEQUENCE = 1 << 16
+MAX_RANK = 64
+MAX_ELEMENTS = 1 << 28
 
 
 class ExprError(Exception):
@@ -158,6 +160,7 @@ def _fn_item(value: Any) -> Any:
 def _fn_along(vector: Any, axis: int, like: Any) -> np.ndarray:
     """Reshape a 1-D vector so it broadcasts along ``axis`` of a tensor like ``like``."""
     rank = like if isinstance(like, int) else _fn_rank(like)
+    _check_rank(rank)
     array = np.asarray(to_array(vector))
     if array.ndim > 1:
         raise NoMatch("along() needs a vector")
@@ -175,6 +178,9 @@ def _fn_per_channel(value: Any, length: int, axis: int, rank: int) -> np.ndarray
     Scalars and size-1 tensors broadcast to ``length``; anything that would change
     the other tensor's shape (higher rank, other non-1 axes) is not per-channel.
     """
+    _check_rank(rank)
+    if not 0 < int(length) <= MAX_ELEMENTS:
+        raise NoMatch(f"channel count {length} out of range")
     array = np.asarray(to_array(value))
     if array.ndim > rank:
         raise NoMatch("constant has a higher rank than the tensor it applies to")
@@ -242,6 +248,11 @@ def _fn_any(value: Any) -> bool:
     return bool(np.any(to_array(value)))
 
 
+def _check_rank(rank: Any) -> None:
+    if not isinstance(rank, (int, np.integer)) or not 0 <= int(rank) <= MAX_RANK:
+        raise NoMatch(f"rank {rank} out of range")
+
+
 def _fn_broadcasts_to(small: Any, big: Any) -> bool:
     """Whether ``small`` broadcasts to ``big``'s shape without changing that shape."""
     a, b = _shape_of(small), _shape_of(big)
@@ -254,6 +265,7 @@ def _fn_trailing_axis(axes: Any, rank: int) -> int:
     """The first axis of a contiguous run of trailing axes (``[-2, -1]`` of rank 3 -> 1)."""
     if axes is None:
         raise NoMatch("reduction over all axes")
+    _check_rank(rank)
     if isinstance(axes, ir.Value):
         axes = to_array(axes)
     normalized = sorted(int(a) + rank if int(a) < 0 else int(a) for a in np.ravel(axes))
@@ -263,6 +275,9 @@ def _fn_trailing_axis(axes: Any, rank: int) -> int:
 
 
 def _fn_expand_to(value: Any, shape: Any) -> np.ndarray:
+    dims = [int(d) for d in shape]
+    if len(dims) > MAX_RANK or math.prod(dims) > MAX_ELEMENTS:
+        raise NoMatch("expand_to() result too large")
     return np.broadcast_to(np.asarray(to_array(value)), tuple(int(d) for d in shape)).copy()
 
 
@@ -488,7 +503,8 @@ class _Evaluator:
             return self.eval(node)
         except (NoMatch, ExprError):
             raise
-        except (ArithmeticError, ValueError, TypeError, IndexError, KeyError) as exc:
+        except (ArithmeticError, ValueError, TypeError, IndexError, KeyError,
+                MemoryError) as exc:
             raise NoMatch(f"{type(exc).__name__}: {exc}") from None
 
     def eval(self, node: ast.AST) -> Any:  # noqa: C901 - one dispatch over node types
@@ -524,7 +540,12 @@ class _Evaluator:
             left, right = _numeric(self.eval(node.left)), _numeric(self.eval(node.right))
             if isinstance(node.op, ast.Pow):
                 _check_power(left, right)
-            return _BINOPS[type(node.op)](left, right)
+            result = _BINOPS[type(node.op)](left, right)
+            if isinstance(result, int) and result.bit_length() > MAX_INT_BITS:
+                raise NoMatch(f"integer larger than {MAX_INT_BITS} bits")
+            if isinstance(result, complex):
+                raise NoMatch("complex result")
+            return result
         if isinstance(node, ast.Compare):
             left = self.eval(node.left)
             for op, comparator in zip(node.ops, node.comparators, strict=True):
@@ -551,6 +572,8 @@ class _Evaluator:
             bounds = (node.lower, node.upper, node.step)
             parts = [None if p is None else self.eval(p) for p in bounds]
             return slice(*parts)
+        if isinstance(node, ast.Tuple):
+            return tuple(self.eval_index(e) for e in node.elts)
         index = self.eval(node)
         if isinstance(index, (list, tuple)):
             return tuple(index)
@@ -570,10 +593,17 @@ def _numeric(value: Any) -> Any:
     return value
 
 
+MAX_INT_BITS = 256
+
+
 def _check_power(base: Any, exponent: Any) -> None:
+    """Bound ``**``: a small exponent, and for exact integers a small result."""
     exp = np.asarray(exponent)
     if exp.size and float(np.max(np.abs(exp))) > MAX_EXPONENT:
         raise NoMatch(f"exponent larger than {MAX_EXPONENT}")
+    exact = isinstance(base, int) and isinstance(exponent, int) and exponent > 0
+    if exact and abs(base).bit_length() * exponent > MAX_INT_BITS:
+        raise NoMatch(f"power larger than {MAX_INT_BITS} bits")
 
 
 def _truth(value: Any) -> bool:

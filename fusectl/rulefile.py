@@ -10,6 +10,7 @@ parsed and name-checked here so that a bad rule fails at load time with
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from importlib import resources
@@ -22,7 +23,7 @@ from . import expr
 from .errors import RuleFileError, SourceSpan
 from .statements import NodeSpec, Ref, StatementError, parse_statements, split_alternatives
 
-RULE_ID = re.compile(r"[a-z0-9][a-z0-9-]*[a-z0-9]")
+RULE_ID = re.compile(r"[a-z0-9](?:[a-z0-9-]*[a-z0-9])?")
 TARGETS = ("onnx", "onnxruntime")
 MAX_FILE_BYTES = 4 << 20
 _STANDARD_TAGS = {
@@ -142,6 +143,7 @@ class _Node:
 
     value: Any
     line: int
+    key_lines: dict[str, int] = field(default_factory=dict)
 
 
 class _Problems:
@@ -193,7 +195,7 @@ def _convert(node: yaml.Node, problems: _Problems, seen: set[int]) -> _Node:
                 continue
             key_lines[key.value] = key.line
             mapping[key.value] = _convert(value_node, problems, seen)
-        return _Node(mapping, line)
+        return _Node(mapping, line, key_lines)
     if isinstance(node, yaml.SequenceNode):
         return _Node([_convert(item, problems, seen) for item in node.value], line)
     loader = yaml.SafeLoader("")
@@ -220,10 +222,10 @@ def _keys(node: _Node, allowed: Iterable[str], required: Iterable[str], what: st
         problems.add(node.line, f"{what} must be a mapping")
         return {}
     allowed_set = set(allowed)
-    for key, value in node.value.items():
+    for key in node.value:
         if key not in allowed_set:
             problems.add(
-                value.line,
+                node.key_lines.get(key, node.line),
                 f"unknown key {key!r} in {what}; allowed: {', '.join(sorted(allowed_set))}",
             )
     for key in required:
@@ -314,7 +316,7 @@ def _load(text: str, problems: _Problems) -> Iterator[Rule]:
         return
     top = _keys(root, ("version", "rules"), ("version", "rules"), "the rule file", problems)
     version = top.get("version")
-    if version is not None and version.value != 1:
+    if version is not None and (type(version.value) is not int or version.value != 1):
         problems.add(version.line, f"unsupported version {version.value!r}; expected 1")
     rules_node = top.get("rules")
     if rules_node is None:
@@ -363,6 +365,10 @@ def _load_rule(node: _Node, problems: _Problems) -> Rule | None:
             problems.add(keys["match"].line,
                          f"alternatives produce different outputs: {outputs} vs {these}")
         outputs = outputs or these
+        duplicated = [o for o, n in Counter(o for spec in variant for o in spec.outputs).items()
+                      if n > 1]
+        for name in duplicated:
+            problems.add(keys["match"].line, f"{name!r} is produced by more than one statement")
     captures = list(dict.fromkeys(value_captures + attr_captures))
     if variants and not outputs:
         problems.add(keys["match"].line, "the match has no output (every value is consumed)")
@@ -373,12 +379,17 @@ def _load_rule(node: _Node, problems: _Problems) -> Rule | None:
             problems.add(keys["match"].line, f"{name!r} is used both as a value and an attribute")
     match_names = [n for n in dict.fromkeys(captures + produced) if not n.startswith("%")]
 
-    where = _where(keys.get("where"), match_names, problems)
-    let = _let(keys.get("let"), match_names, problems)
-    known = match_names + [b.name for b in let]
-    replace_texts, replace_specs = _statements(keys.get("replace"), "replace", True, problems)
-    _check_replace(keys.get("replace"), replace_specs, known, produced, outputs, captures,
-                   problems)
+    replace_texts, replace_specs, replace_lines = _statements(
+        keys.get("replace"), "replace", True, problems
+    )
+    where: list[Condition] = []
+    let: list[LetBinding] = []
+    if variants:  # names can only be checked against a match that parsed
+        where = _where(keys.get("where"), match_names, problems)
+        let = _let(keys.get("let"), match_names, problems)
+        known = match_names + [b.name for b in let]
+        _check_replace(keys.get("replace"), replace_specs, replace_lines, known, produced,
+                       outputs, captures, problems)
     when = _when(keys.get("when"), problems)
     tests = _tests(keys.get("tests"), problems)
     if len(problems.items) > before:
@@ -412,27 +423,29 @@ def _string(node: _Node | None, what: str, problems: _Problems) -> str | None:
 
 
 def _statements(node: _Node | None, what: str, replace: bool, problems: _Problems
-                ) -> tuple[list[str], list[NodeSpec]]:
+                ) -> tuple[list[str], list[NodeSpec], list[int]]:
+    """Parse a statement list; also return, for each spec, the line of its statement."""
     if node is None:
-        return [], []
+        return [], [], []
     items = node.value if isinstance(node.value, list) else None
     if not items or not all(isinstance(i.value, str) for i in items):
         problems.add(node.line, f"{what} must be a non-empty list of statements")
-        return [], []
+        return [], [], []
     texts = [i.value for i in items]
     failed = False
+    lines: list[int] = []
     for item in items:
         options = [item.value] if replace else split_alternatives(item.value)
         try:
-            for option in options:
-                parse_statements([option], replace=replace)
+            counts = [len(parse_statements([option], replace=replace)) for option in options]
+            lines += [item.line] * counts[0]
         except StatementError as exc:
             failed = True
             problems.add(item.line, f"{what}: {str(exc).split(': ', 1)[-1]}")
     if failed:
-        return texts, []
+        return texts, [], []
     first = texts if replace else [split_alternatives(t)[0] for t in texts]
-    return texts, parse_statements(first, replace=replace)
+    return texts, parse_statements(first, replace=replace), lines
 
 
 MAX_MATCH_VARIANTS = 16
@@ -441,7 +454,7 @@ MAX_MATCH_VARIANTS = 16
 def _match_variants(node: _Node | None, problems: _Problems
                     ) -> tuple[list[str], list[list[NodeSpec]]]:
     """Parse match statements, expanding ``A(..) | B(..)`` into whole-pattern variants."""
-    texts, specs = _statements(node, "match", False, problems)
+    texts, specs, _ = _statements(node, "match", False, problems)
     if not specs or node is None:
         return texts, []
     choices = [split_alternatives(t) for t in texts]
@@ -510,15 +523,14 @@ def _let(node: _Node | None, names: list[str], problems: _Problems) -> list[LetB
     return bindings
 
 
-def _check_replace(node: _Node | None, specs: list[NodeSpec], known: list[str],
-                   match_produced: list[str], outputs: list[str], captures: list[str],
-                   problems: _Problems) -> None:
+def _check_replace(node: _Node | None, specs: list[NodeSpec], lines: list[int],
+                   known: list[str], match_produced: list[str], outputs: list[str],
+                   captures: list[str], problems: _Problems) -> None:
     if node is None or not specs:
         return
-    line = node.line
     available = set(known) - (set(match_produced) - set(captures))
     made: set[str] = set()
-    for spec in specs:
+    for spec, line in zip(specs, lines, strict=True):
         for item in spec.inputs:
             if isinstance(item, Ref) and item.name not in available and item.name not in made:
                 problems.add(line, f"replace: {item.name!r} is not a capture, a let name or "
@@ -537,7 +549,7 @@ def _check_replace(node: _Node | None, specs: list[NodeSpec], known: list[str],
         made.update(spec.outputs)
     for out in outputs:
         if out not in made:
-            problems.add(line, f"replace must produce the match output {out!r}")
+            problems.add(node.line, f"replace must produce the match output {out!r}")
 
 
 def _opset_range(text: Any, line: int, problems: _Problems) -> OpsetRange | None:

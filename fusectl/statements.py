@@ -16,17 +16,6 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-_TOKEN = re.compile(
-    r"""
-    (?P<space>\s+)
-  | (?P<number>[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?)
-  | (?P<string>"[^"\\]*"|'[^'\\]*')
-  | (?P<name>[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)
-  | (?P<op>\*\*|[=<>(),|?\[\]])
-    """,
-    re.VERBOSE,
-)
-
 
 class StatementError(Exception):
     """A statement does not parse; the message says where."""
@@ -88,40 +77,6 @@ class NodeSpec:
         return self.ops[0]
 
 
-@dataclass
-class _Tokens:
-    items: list[tuple[str, str]]
-    pos: int = 0
-
-    def peek(self) -> tuple[str, str]:
-        return self.items[self.pos] if self.pos < len(self.items) else ("end", "")
-
-    def next(self) -> tuple[str, str]:
-        token = self.peek()
-        self.pos += 1
-        return token
-
-    def expect(self, value: str) -> None:
-        kind, text = self.next()
-        if text != value:
-            found = text or "end of statement"
-            raise StatementError(f"expected {value!r}, found {found!r}")
-
-
-def _tokenize(text: str) -> _Tokens:
-    items: list[tuple[str, str]] = []
-    pos = 0
-    while pos < len(text):
-        m = _TOKEN.match(text, pos)
-        if m is None:
-            raise StatementError(f"unexpected character {text[pos]!r} at column {pos + 1}")
-        kind = m.lastgroup or ""
-        if kind != "space":
-            items.append((kind, m.group()))
-        pos = m.end()
-    return _Tokens(items)
-
-
 def _split_top_level(text: str, stop: str) -> tuple[list[str], int]:
     """Split ``text`` on top-level commas until an unnested ``stop`` character."""
     parts, depth, start, quote = [], 0, 0, ""
@@ -132,7 +87,7 @@ def _split_top_level(text: str, stop: str) -> tuple[list[str], int]:
             continue
         if ch in "\"'":
             quote = ch
-        elif depth == 0 and ch == stop:
+        elif depth == 0 and ch == stop and (stop != ">" or text[i + 1 :].lstrip()[:1] == "("):
             parts.append(text[start:i])
             return parts, i
         elif ch in "([":
@@ -162,8 +117,9 @@ class _Parser:
         self.call(text[eq + 1 :].strip(), outputs)
 
     def call(self, text: str, outputs: tuple[str, ...]) -> None:
-        m = re.match(r"\s*\(?\s*([A-Za-z_][\w.]*(?:\s*\|\s*[A-Za-z_][\w.]*)*)\s*\)?\s*", text)
-        if not m or not m.group(1):
+        names = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*(?:\s*\|\s*[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)*"
+        m = re.match(rf"\s*\(\s*({names})\s*\)\s*", text) or re.match(rf"\s*({names})\s*", text)
+        if not m:
             raise StatementError(f"expected an operator name in {text!r}")
         ops = tuple(_op_ref(name.strip()) for name in m.group(1).split("|"))
         if self.replace and len(ops) > 1:
@@ -181,6 +137,8 @@ class _Parser:
                     if not self.replace:
                         raise StatementError("'**y' (copy attributes) is only for replace")
                     copy_from = part[2:].strip()
+                    if not re.fullmatch(r"[A-Za-z_]\w*", copy_from):
+                        raise StatementError("'**' must name a value: '**y'")
                     continue
                 attrs.append(self.attribute(part))
             rest = rest[end + 2 :].lstrip()
