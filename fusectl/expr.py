@@ -419,8 +419,12 @@ def _reading_order(node: ast.AST) -> Iterable[ast.AST]:
         yield from _reading_order(child)
 
 
-def parse(source: Any, known_names: Iterable[str]) -> Expression:
-    """Parse and check an expression; every problem is an ExprError with a clear message."""
+def parse(source: Any, known_names: Iterable[str] | None) -> Expression:
+    """Parse and check an expression; every problem is an ExprError with a clear message.
+
+    ``known_names=None`` checks syntax and safety only (used when the names are not
+    knowable, e.g. the rule's match did not parse).
+    """
     if isinstance(source, (bool, int, float)):
         source = repr(source)
     if not isinstance(source, str):
@@ -436,13 +440,13 @@ def parse(source: Any, known_names: Iterable[str]) -> Expression:
         raise ExprError(f"syntax error in expression {text!r}: {exc.msg}") from None
     except (RecursionError, MemoryError, ValueError):
         raise ExprError(f"expression {text[:40]!r}... is nested too deeply") from None
-    known = set(known_names) | set(CONSTANT_NAMES)
+    known = None if known_names is None else set(known_names) | set(CONSTANT_NAMES)
     names: set[str] = set()
     _check(tree, known, names, depth=0)
     return Expression(text, tree, frozenset(names))
 
 
-def _check(node: ast.AST, known: set[str], names: set[str], depth: int) -> None:
+def _check(node: ast.AST, known: set[str] | None, names: set[str], depth: int) -> None:
     if depth > MAX_DEPTH:
         raise ExprError(f"expression nested deeper than {MAX_DEPTH} levels")
     if not isinstance(node, _ALLOWED_NODES):
@@ -450,7 +454,7 @@ def _check(node: ast.AST, known: set[str], names: set[str], depth: int) -> None:
     if isinstance(node, ast.Name):
         if node.id.startswith("_"):
             raise ExprError(f"name {node.id!r} is not allowed (leading underscore)")
-        if node.id not in known:
+        if known is not None and node.id not in known:
             raise ExprError(f"undefined name {node.id!r}")
         names.add(node.id)
     elif isinstance(node, ast.Call):

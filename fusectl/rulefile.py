@@ -382,11 +382,11 @@ def _load_rule(node: _Node, problems: _Problems) -> Rule | None:
     replace_texts, replace_specs, replace_lines = _statements(
         keys.get("replace"), "replace", True, problems
     )
-    where: list[Condition] = []
-    let: list[LetBinding] = []
-    if variants:  # names can only be checked against a match that parsed
-        where = _where(keys.get("where"), match_names, problems)
-        let = _let(keys.get("let"), match_names, problems)
+    # Names can only be checked against a match that parsed; otherwise check safety only.
+    names: list[str] | None = match_names if variants else None
+    where = _where(keys.get("where"), names, problems)
+    let = _let(keys.get("let"), names, problems)
+    if variants:
         known = match_names + [b.name for b in let]
         _check_replace(keys.get("replace"), replace_specs, replace_lines, known, produced,
                        outputs, captures, problems)
@@ -474,7 +474,8 @@ def _match_variants(node: _Node | None, problems: _Problems
     return texts, variants
 
 
-def _where(node: _Node | None, names: list[str], problems: _Problems) -> list[Condition]:
+def _where(node: _Node | None, names: list[str] | None, problems: _Problems
+           ) -> list[Condition]:
     if node is None:
         return []
     items = node.value if isinstance(node.value, list) else [node]
@@ -498,19 +499,20 @@ def _where(node: _Node | None, names: list[str], problems: _Problems) -> list[Co
     return conditions
 
 
-def _let(node: _Node | None, names: list[str], problems: _Problems) -> list[LetBinding]:
+def _let(node: _Node | None, names: list[str] | None, problems: _Problems
+         ) -> list[LetBinding]:
     if node is None:
         return []
     if not isinstance(node.value, dict):
         problems.add(node.line, "let must be a mapping of name: expression")
         return []
-    known = list(names)
+    known = None if names is None else list(names)
     bindings = []
     for name, value in node.value.items():
         if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", name):
             problems.add(value.line, f"let name {name!r} is not a valid name")
             continue
-        if name in known or name in expr.FUNCTIONS:
+        if (known is not None and name in known) or name in expr.FUNCTIONS:
             problems.add(value.line, f"let name {name!r} is already defined")
             continue
         try:
@@ -519,7 +521,8 @@ def _let(node: _Node | None, names: list[str], problems: _Problems) -> list[LetB
             problems.add(value.line, f"let {name}: {exc}")
             continue
         bindings.append(LetBinding(name, parsed, value.line))
-        known.append(name)
+        if known is not None:
+            known.append(name)
     return bindings
 
 
