@@ -120,8 +120,9 @@ def optimize(
     dims = dict(dims or {})
     say("loading model")
     if isinstance(model, ir.Model):
-        reference: ir.Model | str = ir.from_proto(ir.to_proto(model))
-        working = ir.from_proto(ir.to_proto(model))
+        proto = ir.to_proto(model)  # the caller's model is never modified
+        reference: ir.Model | str = ir.from_proto(proto)
+        working = ir.from_proto(proto)
         source = None
     else:
         working = modelio.load_model(model)

@@ -22,6 +22,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 from onnxscript.rewriter import pattern as orp
+from onnxscript.rewriter._pattern_ir import GraphPattern
 
 from . import expr
 from .errors import RuleFileError
@@ -74,6 +75,11 @@ class CompiledRule:
     def __init__(self, rule: Rule) -> None:
         self.rule = rule
         self.variants = _build_variants(rule)
+        # Names were checked when the rule file was loaded; parse each expression once here.
+        self.attr_expressions = {
+            (spec.index, attr.name): expr.parse(attr.text, None)
+            for spec in rule.replace for attr in spec.attrs
+        }
         self.root_ops = {v.root_op.op_type for v in self.variants}
 
     @property
@@ -161,8 +167,8 @@ class CompiledRule:
                 value = binding.expression.evaluate(env)
             except expr.NoMatch as exc:
                 raise NoRewrite(f"let {binding.name}: {exc}") from None
-            env[binding.name] = _typed(value, binding.expression, env, rule.captures)
-        return _build_replacement(rule, model, graph, root, match, env, producer_of, opsets)
+            env[binding.name] = _typed(value, binding.expression, env)
+        return _build_replacement(self, model, graph, root, match, env, producer_of, opsets)
 
 
 # ------------------------------------------------------------------- attributes
@@ -250,8 +256,7 @@ def _is_literal(value: Any, literal: float | int) -> bool:
                         abs_tol=LITERAL_ATOL)
 
 
-def _typed(value: Any, expression: expr.Expression, env: Mapping[str, Any],
-           captures: Iterable[str]) -> Any:
+def _typed(value: Any, expression: expr.Expression, env: Mapping[str, Any]) -> Any:
     """Give a let array the dtype of the tensor it was computed from.
 
     numpy promotes (float16 weights times float32 statistics are float32), but the
@@ -260,7 +265,7 @@ def _typed(value: Any, expression: expr.Expression, env: Mapping[str, Any],
     """
     if not isinstance(value, (np.ndarray, np.generic)) or expression.explicit_dtype:
         return value
-    for name in _names_in_order(expression, env):
+    for name in expression.names_in_order():
         ref = env.get(name)
         dtype = expr.value_dtype(ref) if isinstance(ref, ir.Value) else None
         if dtype is None and isinstance(ref, np.ndarray):
@@ -270,12 +275,6 @@ def _typed(value: Any, expression: expr.Expression, env: Mapping[str, Any],
         if dtype is not None:
             return np.asarray(value)
     return value
-
-
-def _names_in_order(expression: expr.Expression, env: Mapping[str, Any]) -> list[str]:
-    import ast
-
-    return [n.id for n in ast.walk(expression.tree) if isinstance(n, ast.Name) and n.id in env]
 
 
 # --------------------------------------------------------------------- variants
@@ -362,8 +361,7 @@ def _variant(rule: Rule, specs: tuple[NodeSpec, ...],
 
 
 def orp_graph_pattern(inputs: list[Any], outputs: list[Any], nodes: list[Any]) -> Any:
-    from onnxscript.rewriter._pattern_ir import GraphPattern
-
+    """onnxscript builds GraphPatterns from functions; ours come from data."""
     return GraphPattern(inputs, outputs, nodes)
 
 
@@ -431,9 +429,11 @@ def _initializer(value: Any) -> ir.Value:
                     const_value=tensor)
 
 
-def _build_replacement(rule: Rule, model: ir.Model, graph: ir.Graph | ir.Function,
-                       root: ir.Node, match: Any, env: dict[str, Any],
-                       producer_of: dict[str, ir.Node], opsets: dict[str, int]) -> Rewrite:
+def _build_replacement(compiled: CompiledRule, model: ir.Model,
+                       graph: ir.Graph | ir.Function, root: ir.Node, match: Any,
+                       env: dict[str, Any], producer_of: dict[str, ir.Node],
+                       opsets: dict[str, int]) -> Rewrite:
+    rule = compiled.rule
     available: dict[str, ir.Value | None] = {}
     for name in rule.captures:
         value = env.get(name)
@@ -481,7 +481,7 @@ def _build_replacement(rule: Rule, model: ir.Model, graph: ir.Graph | ir.Functio
             source = producer_of[spec.copy_attrs_from]
             attrs.update({k: v for k, v in source.attributes.items()})
         for attr_spec in spec.attrs:
-            parsed = expr.parse(attr_spec.text, env.keys())
+            parsed = compiled.attr_expressions[(spec.index, attr_spec.name)]
             try:
                 value = parsed.evaluate(env)
             except expr.NoMatch as exc:

@@ -404,18 +404,16 @@ class Expression:
             and body.func.id in EXPLICIT_DTYPE_FUNCTIONS
         )
 
-    def first_capture(self, captures: Iterable[str]) -> str | None:
-        """The first name (in reading order) that is one of ``captures``."""
-        wanted = set(captures)
-        for node in _reading_order(self.tree.body):
-            if isinstance(node, ast.Name) and node.id in wanted:
-                return node.id
-        return None
+    def names_in_order(self) -> list[str]:
+        """The names the expression reads, in reading (depth-first) order."""
+        return [n.id for n in _reading_order(self.tree.body) if isinstance(n, ast.Name)]
 
 
 def _reading_order(node: ast.AST) -> Iterable[ast.AST]:
+    """Nodes depth-first, left to right; the called function of a Call is not a value."""
     yield node
-    for child in ast.iter_child_nodes(node):
+    children = node.args if isinstance(node, ast.Call) else ast.iter_child_nodes(node)
+    for child in children:
         yield from _reading_order(child)
 
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import onnx_ir as ir
-from onnx_ir.passes.common import ShapeInferencePass
+from onnx_ir.passes.common import RemoveUnusedNodesPass, ShapeInferencePass
+from onnxscript.optimizer import fold_constants
 
 FOLD_INPUT_LIMIT = 1 << 22
 FOLD_OUTPUT_LIMIT = 1 << 27
@@ -59,16 +60,12 @@ def prepare(model: ir.Model, *, fold: bool = True) -> PrepareResult:
     """
     before = _count_nodes(model)
     if fold:
-        from onnxscript.optimizer import fold_constants
-
         fold_constants(
             model,
             input_size_limit=FOLD_INPUT_LIMIT,
             output_size_limit=FOLD_OUTPUT_LIMIT,
             should_fold=_fold_constant_of_shape,
         )
-        from onnx_ir.passes.common import RemoveUnusedNodesPass
-
         RemoveUnusedNodesPass()(model)
     folded = before - _count_nodes(model)
     result = ShapeInferencePass()(model)

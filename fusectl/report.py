@@ -48,6 +48,17 @@ def _fmt_float(value: float | None) -> str:
 # ------------------------------------------------------------------------ terminal
 
 
+def _table(title: str, columns: Iterable[str], rows: Iterable[Iterable[str]],
+           right: Iterable[str] = ()) -> Table:
+    right = set(right)
+    table = Table(title=title, title_justify="left")
+    for column in columns:
+        table.add_column(column, justify="right" if column in right else "left")
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
 def print_optimize(result: OptimizeResult, console: Console, *, verbose: bool = False,
                    output: str | None = None) -> None:
     """The terminal report of ``fusectl optimize``."""
@@ -59,34 +70,23 @@ def print_optimize(result: OptimizeResult, console: Console, *, verbose: bool = 
 
     counts, saved = rw.counts(), rw.saved_by_rule()
     if counts:
-        table = Table(title="Rules applied", title_justify="left")
-        table.add_column("rule")
-        table.add_column("applications", justify="right")
-        table.add_column("bytes saved", justify="right")
-        for rule_id, count in counts.items():
-            table.add_row(rule_id, str(count), human_bytes(saved[rule_id]))
-        console.print(table)
+        console.print(_table(
+            "Rules applied", ("rule", "applications", "bytes saved"),
+            ((rule_id, str(count), human_bytes(saved[rule_id]))
+             for rule_id, count in counts.items()),
+            right=("applications", "bytes saved"),
+        ))
     else:
         console.print("[yellow]no rule fired[/yellow]")
     if rw.capped:
         console.print(f"[yellow]capped (possible runaway): {', '.join(rw.capped)}[/yellow]")
     if verbose and rw.skipped:
-        table = Table(title="Rules skipped", title_justify="left")
-        table.add_column("rule")
-        table.add_column("reason")
-        for rule_id, reason in rw.skipped:
-            table.add_row(rule_id, reason)
-        console.print(table)
+        console.print(_table("Rules skipped", ("rule", "reason"), rw.skipped))
     elif rw.skipped:
         console.print(f"{len(rw.skipped)} rules skipped for this model (--verbose lists why)")
     if verbose and rw.rejections:
-        table = Table(title="Matches refused by a condition", title_justify="left")
-        table.add_column("rule")
-        table.add_column("node")
-        table.add_column("reason")
-        for rej in rw.rejections:
-            table.add_row(rej.rule_id, rej.node, rej.reason)
-        console.print(table)
+        console.print(_table("Matches refused by a condition", ("rule", "node", "reason"),
+                             ((r.rule_id, r.node, r.reason) for r in rw.rejections)))
 
     ops = Table(title="Ops before -> after", title_justify="left")
     ops.add_column("op")
@@ -117,13 +117,12 @@ def print_optimize(result: OptimizeResult, console: Console, *, verbose: bool = 
         console.print(f"[yellow]{ta.unknown_nodes} nodes have unknown shapes; their traffic is "
                       "partial (bind symbolic dims with --dim)[/yellow]")
     if verbose:
-        top = Table(title="Top nodes by traffic (after)", title_justify="left")
-        for col in ("node", "op", "read", "written"):
-            top.add_column(col, justify="right" if col in ("read", "written") else "left")
-        for node in ta.top(10):
-            top.add_row(node.name, node.op_type, human_bytes(node.bytes_read),
-                        human_bytes(node.bytes_written))
-        console.print(top)
+        console.print(_table(
+            "Top nodes by traffic (after)", ("node", "op", "read", "written"),
+            ((n.name, n.op_type, human_bytes(n.bytes_read), human_bytes(n.bytes_written))
+             for n in ta.top(10)),
+            right=("read", "written"),
+        ))
     print_validation(result, console)
     if output:
         console.print(f"wrote {output}")

@@ -16,9 +16,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import onnx_ir as ir
+from onnx_ir.passes.common import RemoveUnusedNodesPass, TopologicalSortPass
 
 from . import traffic
 from .compile import CompiledRule, NoRewrite, Rewrite
+from .shapes import infer_node
 
 RULE_TAG = "fusectl.rule"
 MAX_PASSES = 8
@@ -202,8 +204,8 @@ def _apply(model: ir.Model, graph: ir.Graph, rewrite: Rewrite, names: _Names,
         init.name = names.fresh(f"{root_name}.{init.name or 'const'}")
         init_names.append(init.name)
         graph.register_initializer(init)
-    for value in rewrite.new_nodes:
-        value.metadata_props[RULE_TAG] = rewrite.rule_id
+    for node in rewrite.new_nodes:
+        node.metadata_props[RULE_TAG] = rewrite.rule_id
     old_names = set(matched)
     for index, node in enumerate(rewrite.new_nodes):
         hint = rewrite.name_hints.get(index) or root_name
@@ -249,8 +251,6 @@ def _apply(model: ir.Model, graph: ir.Graph, rewrite: Rewrite, names: _Names,
 
 def _infer_new_shapes(nodes: Sequence[ir.Node], model: ir.Model) -> None:
     """Give new intermediate values a shape so later rules and the traffic model see it."""
-    from .shapes import infer_node
-
     for node in nodes:
         if any(v.shape is None or v.type is None for v in node.outputs):
             infer_node(node, model.opset_imports)
@@ -258,8 +258,6 @@ def _infer_new_shapes(nodes: Sequence[ir.Node], model: ir.Model) -> None:
 
 def _cleanup(model: ir.Model) -> None:
     """Drop what rewriting left unused (old weights, folded constants), keep order valid."""
-    from onnx_ir.passes.common import RemoveUnusedNodesPass, TopologicalSortPass
-
     RemoveUnusedNodesPass()(model)
     for graph in _graphs(model):
         if graph is model.graph:

@@ -36,3 +36,28 @@ def test_rule_subset_and_targets(samples, tmp_path) -> None:
     out = tmp_path / "m.onnx"
     fusectl.save_model(result.model, out)
     assert "Transpose" not in {n.op_type for n in onnx.load(out).graph.node}
+
+
+def test_folded_weights_keep_the_model_dtype(tmp_path) -> None:
+    """fp16 weights folded with fp32 arithmetic must come back as fp16 initializers."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    arrays = {
+        "W": rng.normal(0, 0.3, (4, 3, 3, 3)), "s": rng.uniform(0.5, 1.5, 4),
+        "b": rng.normal(0, 0.1, 4), "m": rng.normal(0, 0.1, 4), "v": rng.uniform(0.5, 2, 4),
+    }
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "W"], ["c"]),
+         helper.make_node("BatchNormalization", ["c", "s", "b", "m", "v"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [1, 4, 6, 6])],
+        [numpy_helper.from_array(a.astype(np.float16), n) for n, a in arrays.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    result = fusectl.optimize(ir.from_proto(model), check=False)
+    assert result.rewrite.counts() == {"conv-bn-fold": 1}
+    dtypes = {v.const_value.dtype for v in result.model.graph.initializers.values()}
+    assert dtypes == {ir.DataType.FLOAT16}

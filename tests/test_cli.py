@@ -169,3 +169,11 @@ def test_version_and_help(capsys):
     assert code == 0 and "fusectl" in out
     code, out, _ = run(capsys, "optimize", "--help")
     assert code == 0 and "--no-validate" in out
+
+
+def test_verbose_lists_skipped_rules_refusals_and_top_nodes(capsys, samples: Path, tmp_path):
+    code, out, _ = run(capsys, "optimize", samples / "cnn.onnx", "-o", tmp_path / "o.onnx",
+                       "--verbose")
+    assert code == 0
+    assert "Rules skipped" in out and "needs ai.onnx opset >=20, model has 17" in out
+    assert "Top nodes by traffic" in out

@@ -430,12 +430,10 @@ def test_expression_records_names_and_source() -> None:
     assert e.names == frozenset({"s", "W", "pi"})  # functions are not names
 
 
-def test_first_capture_in_reading_order() -> None:
-    e = parse("a + b * c", ["a", "b", "c"])
-    assert e.first_capture(["c", "b"]) == "b"
-    assert e.first_capture(["c"]) == "c"
-    assert e.first_capture(["zzz"]) is None
-    assert parse("along(s, 0, W)", ["s", "W"]).first_capture(["W", "s"]) == "s"
+def test_names_in_reading_order() -> None:
+    assert parse("a + b * c", ["a", "b", "c"]).names_in_order() == ["a", "b", "c"]
+    assert parse("along(s, 0, W)", ["s", "W"]).names_in_order() == ["s", "W"]
+    assert parse("W * along(s, 0, W)", ["s", "W"]).names_in_order() == ["W", "s", "W"]
 
 
 def test_non_string_sources() -> None:
