@@ -17,7 +17,7 @@ from pathlib import Path
 import onnx_ir as ir
 
 from . import modelio, traffic
-from .compile import CompiledRule, compile_rules
+from .compile import OVERLOAD_IR_VERSION, CompiledRule, compile_rules
 from .errors import BadInputError
 from .prepare import (
     PrepareResult,
@@ -26,11 +26,12 @@ from .prepare import (
     reattach_legacy_initializer_inputs,
 )
 from .rewrite import RewriteResult, apply_rules
-from .rulefile import Rule, builtin_rule_paths, load_rules
+from .rulefile import TARGETS, Rule, builtin_rule_paths, load_rules
 from .ruletest import op_histogram
+from .targets import Target, resolve_target
 from .validate import ValidationOptions, ValidationResult, validate
 
-TARGETS = ("onnx", "onnxruntime")
+__all__ = ["TARGETS", "OptimizeResult", "load_rule_set", "optimize", "select_rules"]
 
 
 @dataclass(frozen=True)
@@ -85,21 +86,28 @@ def load_rule_set(
     builtin: bool = True,
     include: Iterable[str] = (),
     exclude: Iterable[str] = (),
+    target: str | Path | Target = "onnx",
 ) -> list[CompiledRule]:
-    """Built-in rules (unless disabled) then user rule files/folders, selected and compiled."""
+    """Built-in rules (unless disabled), user rule files/folders, then the target file's
+    rules (they run last, on what the standard fusions left), selected and compiled."""
     all_paths: list[str | Path] = [*builtin_rule_paths()] if builtin else []
     for path in paths:
         if not Path(path).exists():
             raise BadInputError(f"{path}: rule path not found")
         all_paths.append(path)
-    return compile_rules(select_rules(load_rules(all_paths), include, exclude))
+    rules = load_rules(all_paths)
+    extra = resolve_target(target).rules
+    clash = {r.id for r in rules} & {r.id for r in extra}
+    if clash:
+        raise BadInputError(f"target file redefines rule(s) {', '.join(sorted(clash))}")
+    return compile_rules(select_rules([*rules, *extra], include, exclude))
 
 
 def optimize(
     model: str | Path | ir.Model,
     *,
     rules: Sequence[CompiledRule] | None = None,
-    target: str = "onnx",
+    target: str | Path | Target = "onnx",
     opset: int | None = None,
     dims: Mapping[str, int] | None = None,
     check: bool = True,
@@ -115,8 +123,7 @@ def optimize(
     say = progress or (lambda _msg: None)
     seconds: dict[str, float] = {}
     clock = time.perf_counter()
-    if target not in TARGETS:
-        raise BadInputError(f"unknown target {target!r}; choose one of {', '.join(TARGETS)}")
+    active = resolve_target(target)
     dims = dict(dims or {})
     say("loading model")
     if isinstance(model, ir.Model):
@@ -129,7 +136,7 @@ def optimize(
         reference = str(model)
         source = str(model)
     if rules is None:
-        rules = load_rule_set()
+        rules = load_rule_set(target=active)
     seconds["load"] = time.perf_counter() - clock
 
     clock = time.perf_counter()
@@ -146,8 +153,10 @@ def optimize(
 
     clock = time.perf_counter()
     say("applying rules")
-    rewrite = apply_rules(working, rules, target=target, dims=dims)
+    rewrite = apply_rules(working, rules, target=active.names, dims=dims)
     modelio.restore_signature(working, signature, keep_opsets=opset is not None)
+    if any(f.overload for f in working.functions.values()):
+        working.ir_version = max(working.ir_version, OVERLOAD_IR_VERSION)
     reattach_legacy_initializer_inputs(working)
     seconds["rewrite"] = time.perf_counter() - clock
 

@@ -86,9 +86,9 @@ def cli() -> None:
               help="Only rules whose id matches this glob (repeatable).")
 @click.option("--skip-rule", "exclude", multiple=True, metavar="ID",
               help="Skip rules whose id matches this glob (repeatable).")
-@click.option("--target", default="onnx", show_default=True,
-              type=click.Choice(["onnx", "onnxruntime"]),
-              help="onnx: standard ops only; onnxruntime: may emit its contrib ops.")
+@click.option("--target", default="onnx", show_default=True, metavar="onnx|onnxruntime|FILE",
+              help="onnx: standard ops only; onnxruntime: may emit its contrib ops; "
+                   "FILE.yaml: a target file whose rules emit its fused kernels.")
 @click.option("--opset", type=click.IntRange(1, 99), help="Upgrade the model to this opset first.")
 @click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE",
               help="Bind a symbolic dimension (traffic model and generated inputs).")
@@ -121,6 +121,7 @@ def optimize(model: Path, output: Path | None, rule_paths: tuple[Path, ...],
              json_path: str | None, in_place: bool, quiet: bool, verbose: bool) -> None:
     """Apply the rule set to MODEL, validate on onnxruntime, report and save."""
     from . import api, modelio, report
+    from .targets import resolve_target
     from .validate import ValidationOptions, load_input_files
 
     if in_place and output is not None:
@@ -130,13 +131,14 @@ def optimize(model: Path, output: Path | None, rule_paths: tuple[Path, ...],
     bound = _parse_dims(dims)
     ranges = _parse_ranges(input_ranges)
     target_path = model if in_place else (output or default_output(model))
+    active = resolve_target(target)
     rules = api.load_rule_set(rule_paths, builtin=not no_builtin_rules, include=include,
-                              exclude=exclude)
+                              exclude=exclude, target=active)
     given = load_input_files(input_files, inputs_npz) if (input_files or inputs_npz) else None
     options = ValidationOptions(inputs=given, dims=bound, seed=seed, samples=samples,
                                 input_ranges=ranges, rtol=rtol, atol=atol)
     with _status(quiet) as say:
-        result = api.optimize(model, rules=rules, target=target, opset=opset, dims=bound,
+        result = api.optimize(model, rules=rules, target=active, opset=opset, dims=bound,
                               check=not no_validate, validation=options,
                               fold_constants=not no_fold, progress=say)
     write = result.passed or force

@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +27,7 @@ from onnxscript.rewriter._pattern_ir import GraphPattern
 from . import expr
 from .errors import RuleFileError
 from .rulefile import Rule
-from .statements import Literal, NodeSpec, OpRef, Ref
+from .statements import EACH, Literal, NodeSpec, OpRef, Ref
 
 COMMUTATIVE = frozenset(
     {"Add", "Mul", "Max", "Min", "Sum", "Mean", "And", "Or", "Xor", "Equal",
@@ -36,6 +36,8 @@ COMMUTATIVE = frozenset(
 MAX_VARIANTS = 256
 LITERAL_RTOL = 1e-5
 LITERAL_ATOL = 1e-7
+OVERLOAD_IR_VERSION = 10
+"""Function overloads (several bodies for one fused-kernel op) exist from IR version 10."""
 
 
 class NoRewrite(Exception):  # noqa: N818 - a control-flow signal
@@ -58,6 +60,8 @@ class Rewrite:
     opsets: dict[str, int] = field(default_factory=dict)
     name_hints: dict[int, str] = field(default_factory=dict)
     """Index of new node -> name of the matched node whose place it takes."""
+    functions: list[ir.Function] = field(default_factory=list)
+    """Local functions the new nodes call (fused kernels)."""
 
 
 @dataclass
@@ -86,11 +90,15 @@ class CompiledRule:
     def id(self) -> str:
         return self.rule.id
 
-    def skip_reason(self, model: ir.Model, target: str) -> str | None:
-        """Why this rule cannot run on this model and target, or None."""
+    def skip_reason(self, model: ir.Model, target: str | Sequence[str]) -> str | None:
+        """Why this rule cannot run on this model and target(s), or None.
+
+        ``target`` may name several: a target file's own name and its base target.
+        """
+        active = (target,) if isinstance(target, str) else tuple(target)
         targets = self.rule.when.targets
-        if "any" not in targets and target not in targets:
-            return f"rule is for target {', '.join(targets)}, not {target}"
+        if "any" not in targets and not set(active) & set(targets):
+            return f"rule is for target {', '.join(targets)}, not {' + '.join(active)}"
         for domain, opset_range in self.rule.when.opsets:
             version = model.opset_imports.get(domain)
             if version is None and domain == "":
@@ -125,6 +133,15 @@ class CompiledRule:
     # ----------------------------------------------------------- after a match
     def _rewrite(self, model: ir.Model, graph: ir.Graph | ir.Function, root: ir.Node,
                  variant: _Variant, match: Any) -> Rewrite:
+        env, producer_of = self._bind(model, graph, variant, match)
+        opsets = _opsets(model, graph)
+        if self.rule.fuse is not None:
+            return _build_fused(self, model, graph, root, match, env)
+        return _build_replacement(self, model, graph, root, match, env, producer_of, opsets)
+
+    def _bind(self, model: ir.Model, graph: ir.Graph | ir.Function, variant: _Variant,
+              match: Any) -> tuple[dict[str, Any], dict[str, ir.Node]]:
+        """Check attributes, literals, ``where``; evaluate ``let``. Raises NoRewrite."""
         rule = self.rule
         env: dict[str, Any] = {}
         opsets = _opsets(model, graph)
@@ -168,7 +185,113 @@ class CompiledRule:
             except expr.NoMatch as exc:
                 raise NoRewrite(f"let {binding.name}: {exc}") from None
             env[binding.name] = _typed(value, binding.expression, env)
-        return _build_replacement(self, model, graph, root, match, env, producer_of, opsets)
+        return env, producer_of
+
+    # ----------------------------------------------------------- sibling groups
+    def find_groups(self, model: ir.Model, graph: ir.Graph | ir.Function,
+                    rejected: Callable[[ir.Node, str], None] | None = None) -> list[Rewrite]:
+        """Every group of sibling matches in ``graph``, as disjoint rewrites.
+
+        One match attempt per node (linear): each match is a member, keyed by the
+        shared value, the attributes of its nodes and the rule's key expressions.
+        A node joins at most one member; groups smaller than ``min`` are dropped.
+        """
+        group = self.rule.group
+        assert group is not None
+        members: dict[tuple[Any, ...], list[_Member]] = {}
+        claimed: set[int] = set()
+        for node in graph:
+            if node.op_type not in self.root_ops:
+                continue
+            try:
+                member = self._member(model, graph, node)
+            except NoRewrite as exc:
+                if rejected is not None:
+                    rejected(node, str(exc))
+                continue
+            if member is None or any(id(n) in claimed for n in member.nodes):
+                continue
+            claimed.update(id(n) for n in member.nodes)
+            members.setdefault(member.key, []).append(member)
+        rewrites = []
+        for group_members in members.values():
+            if len(group_members) < group.min_size:
+                continue
+            try:
+                rewrites.append(_build_group(self, model, graph, group_members))
+            except NoRewrite as exc:
+                if rejected is not None:
+                    rejected(group_members[0].root, str(exc))
+        return rewrites
+
+    def _member(self, model: ir.Model, graph: ir.Graph | ir.Function, node: ir.Node
+                ) -> _Member | None:
+        group = self.rule.group
+        assert group is not None
+        reason: str | None = None
+        for variant in self.variants:
+            if variant.root_op.op_type != node.op_type or variant.root_op.domain != node.domain:
+                continue
+            match = variant.pattern.match(model, graph, node, check_nodes_are_removable=True)
+            if not match:
+                continue
+            try:
+                env, producer_of = self._bind(model, graph, variant, match)
+            except NoRewrite as exc:
+                reason = str(exc)
+                continue
+            shared = env.get(group.shared)
+            if not isinstance(shared, ir.Value):
+                continue
+            try:
+                extra = tuple(_hashable(k.evaluate(env)) for k in group.key)
+            except expr.NoMatch as exc:
+                reason = f"group key: {exc}"
+                continue
+            nodes = list(match.nodes)
+            signature = tuple(sorted((n.domain, n.op_type, _attr_signature(n)) for n in nodes))
+            key = (id(shared), signature, extra)
+            return _Member(node, nodes, env, producer_of, match, key)
+        if reason is not None:
+            raise NoRewrite(reason)
+        return None
+
+
+@dataclass
+class _Member:
+    """One sibling match of a group rule, with its bindings."""
+
+    root: ir.Node
+    nodes: list[ir.Node]
+    env: dict[str, Any]
+    producer_of: dict[str, ir.Node]
+    match: Any
+    key: tuple[Any, ...]
+
+
+def _hashable(value: Any) -> Any:
+    if isinstance(value, ir.Value):
+        return ("value", id(value))
+    if isinstance(value, (np.ndarray, np.generic)):
+        array = np.asarray(value)
+        return ("array", array.dtype.str, array.shape, array.tobytes())
+    if isinstance(value, (list, tuple)):
+        return tuple(_hashable(v) for v in value)
+    return value
+
+
+def _attr_signature(node: ir.Node) -> tuple[Any, ...]:
+    items = []
+    for name, attr in sorted(node.attributes.items()):
+        value = attr.value
+        if isinstance(value, ir.TensorProtocol):
+            value = _hashable(value.numpy())
+        elif isinstance(value, (list, tuple)):
+            value = tuple(value)
+        elif not isinstance(value, (int, float, str, bytes)):
+            value = repr(value)
+        items.append((name, value))
+    return tuple(items)
 
 
 # ------------------------------------------------------------------- attributes
@@ -267,6 +390,8 @@ def _typed(value: Any, expression: expr.Expression, env: Mapping[str, Any]) -> A
         return value
     for name in expression.names_in_order():
         ref = env.get(name)
+        if isinstance(ref, list):  # group rules: per-member lists; the first member decides
+            ref = next((r for r in ref if r is not None), None)
         dtype = expr.value_dtype(ref) if isinstance(ref, ir.Value) else None
         if dtype is None and isinstance(ref, np.ndarray):
             dtype = ref.dtype
@@ -434,6 +559,46 @@ def _build_replacement(compiled: CompiledRule, model: ir.Model,
                        env: dict[str, Any], producer_of: dict[str, ir.Node],
                        opsets: dict[str, int]) -> Rewrite:
     rule = compiled.rule
+    old_outputs = [match.bindings[name] for name in rule.outputs]
+    slots = {name: [i] for i, name in enumerate(rule.outputs)}
+    return _replacement(compiled, root, list(match.nodes), old_outputs, slots, env,
+                        producer_of, opsets)
+
+
+def _build_group(compiled: CompiledRule, model: ir.Model, graph: ir.Graph | ir.Function,
+                 members: list[_Member]) -> Rewrite:
+    """One replacement for a whole sibling group: ``merge`` sees per-member lists."""
+    rule = compiled.rule
+    group = rule.group
+    assert group is not None
+    env: dict[str, Any] = {group.shared: members[0].env[group.shared]}
+    for name in (*rule.captures, *(b.name for b in rule.let)):
+        if name != group.shared:
+            env[name] = [m.env.get(name) for m in members]
+    for binding in rule.merge:
+        try:
+            value = binding.expression.evaluate(env)
+        except expr.NoMatch as exc:
+            raise NoRewrite(f"merge {binding.name}: {exc}") from None
+        env[binding.name] = _typed(value, binding.expression, env)
+    old_outputs: list[ir.Value] = []
+    slots: dict[str, list[int]] = {name: [] for name in rule.outputs}
+    for member in members:
+        for name in rule.outputs:
+            slots[name].append(len(old_outputs))
+            old_outputs.append(member.match.bindings[name])
+    nodes = [n for m in members for n in m.nodes]
+    return _replacement(compiled, members[0].root, nodes, old_outputs, slots, env,
+                        members[0].producer_of, _opsets(model, graph))
+
+
+def _replacement(compiled: CompiledRule, root: ir.Node, matched: list[ir.Node],
+                 old_outputs: list[ir.Value], slots: dict[str, list[int]],
+                 env: dict[str, Any], producer_of: dict[str, ir.Node],
+                 opsets: dict[str, int]) -> Rewrite:
+    """Build the replace statements; ``slots`` maps each match output to its positions
+    in ``old_outputs`` (one per group member; exactly one outside groups)."""
+    rule = compiled.rule
     available: dict[str, ir.Value | None] = {}
     for name in rule.captures:
         value = env.get(name)
@@ -444,8 +609,8 @@ def _build_replacement(compiled: CompiledRule, model: ir.Model,
     used_opsets = dict(rule.when.imports)
     name_hints: dict[int, str] = {}
     made: dict[str, ir.Value] = {}
+    new_outputs: list[ir.Value | None] = [None] * len(old_outputs)
     aliases: dict[int, bool] = {}
-    old_outputs = [match.bindings[name] for name in rule.outputs]
 
     def resolve(item: Any) -> ir.Value | None:
         if item is None:
@@ -471,11 +636,22 @@ def _build_replacement(compiled: CompiledRule, model: ir.Model,
         inputs = [resolve(i) for i in spec.inputs]
         while inputs and inputs[-1] is None:
             inputs.pop()
-        if op.domain == "" and op.op_type == "Identity" and _is_alias(spec, rule, graph,
-                                                                      old_outputs, inputs):
-            made[spec.outputs[0]] = inputs[0]  # type: ignore[assignment]
-            aliases[rule.outputs.index(spec.outputs[0])] = True
-            continue
+        targets = _targets(spec, slots)
+        if op.domain == "" and op.op_type == "Identity" and len(inputs) == 1 and inputs[0]:
+            kept = [t for t in targets if old_outputs[t].is_graph_output()]
+            for slot in targets:
+                if slot not in kept:
+                    new_outputs[slot] = inputs[0]
+                    aliases[slot] = True
+            if targets and not kept:
+                continue
+            if targets:  # a graph output keeps its name through one Identity each
+                for slot in kept:
+                    node = ir.Node("", "Identity", inputs, num_outputs=1)
+                    new_outputs[slot] = node.outputs[0]
+                    name_hints[len(new_nodes)] = root.name or ""
+                    new_nodes.append(node)
+                continue
         attrs: dict[str, ir.Attr] = {}
         if spec.copy_attrs_from:
             source = producer_of[spec.copy_attrs_from]
@@ -491,34 +667,141 @@ def _build_replacement(compiled: CompiledRule, model: ir.Model,
                 attrs.pop(attr_spec.name, None)
             else:
                 attrs[attr_spec.name] = built
+        count = len(targets) if targets else len(spec.outputs)
         node = ir.Node(op.domain, op.op_type, inputs, attributes=list(attrs.values()),
-                       num_outputs=len(spec.outputs))
-        for out_name, value in zip(spec.outputs, node.outputs, strict=True):
-            made[out_name] = value
-            if out_name in producer_of:
-                name_hints[len(new_nodes)] = producer_of[out_name].name or ""
+                       num_outputs=count)
+        if targets:
+            for slot, value in zip(targets, node.outputs, strict=True):
+                new_outputs[slot] = value
+        else:
+            for out_name, value in zip(spec.outputs, node.outputs, strict=True):
+                made[out_name] = value
+                for slot in slots.get(out_name, ()):
+                    new_outputs[slot] = value
+                if out_name in producer_of:
+                    name_hints[len(new_nodes)] = producer_of[out_name].name or ""
         if len(new_nodes) not in name_hints:
             name_hints[len(new_nodes)] = root.name or ""
         if op.domain not in opsets:
             used_opsets.setdefault(op.domain, 1)
         new_nodes.append(node)
-    new_outputs = [made[name] for name in rule.outputs]
     for index, value in enumerate(new_outputs):
         if value is None:
-            raise NoRewrite(f"replacement output {rule.outputs[index]} is absent")
-    matched = list(match.nodes)
-    return Rewrite(rule.id, root, matched, old_outputs, new_outputs, new_nodes,
-                   new_initializers, aliases, used_opsets, name_hints)
+            raise NoRewrite(f"replacement output {old_outputs[index].name} is absent")
+    return Rewrite(rule.id, root, matched, old_outputs, new_outputs,  # type: ignore[arg-type]
+                   new_nodes, new_initializers, aliases, used_opsets, name_hints)
 
 
-def _is_alias(spec: NodeSpec, rule: Rule, graph: ir.Graph | ir.Function,
-              old_outputs: list[ir.Value], inputs: list[ir.Value | None]) -> bool:
-    """``y = Identity(x)`` for a match output y is a plain reroute unless y is a graph
-    output (its name must survive, so the Identity stays)."""
+def _targets(spec: NodeSpec, slots: dict[str, list[int]]) -> list[int]:
+    """Output slots a statement fills: ``y...`` (every member's y) or a plain match output
+    whose single producer is this statement (``y = Identity(x)``)."""
     out = spec.outputs[0]
-    if out not in rule.outputs or len(inputs) != 1 or inputs[0] is None:
-        return False
-    return not old_outputs[rule.outputs.index(out)].is_graph_output()
+    if out.endswith(EACH):
+        return list(slots[out[: -len(EACH)]])
+    if spec.op.domain == "" and spec.op.op_type == "Identity" and len(spec.outputs) == 1:
+        return list(slots.get(out, ()))
+    return []
+
+
+# ------------------------------------------------------------------ fused kernels
+
+
+def _build_fused(compiled: CompiledRule, model: ir.Model, graph: ir.Graph | ir.Function,
+                 root: ir.Node, match: Any, env: dict[str, Any]) -> Rewrite:
+    """One node of the fused-kernel op; its meaning is a local function cloned from the
+    matched nodes, so onnxruntime (which inlines functions) still runs and checks it."""
+    rule = compiled.rule
+    op = rule.fuse
+    assert op is not None
+    nodes = _in_graph_order(graph, list(match.nodes))
+    produced = {id(v) for n in nodes for v in n.outputs}
+    inputs: list[ir.Value] = []
+    for node in nodes:
+        for value in node.inputs:
+            if value is not None and id(value) not in produced and value not in inputs:
+                inputs.append(value)
+    old_outputs = [match.bindings[name] for name in rule.outputs]
+    function = _function_of(op, nodes, inputs, old_outputs, _opsets(model, graph))
+    existing = _same_function(model, function)
+    if existing is None:
+        function.overload = _free_overload(model, op, function)
+    else:
+        function = existing
+    node = ir.Node(op.domain, op.op_type, inputs, num_outputs=len(old_outputs),
+                   overload=function.overload)
+    opsets = dict(rule.when.imports)
+    opsets.setdefault(op.domain, 1)
+    rewrite = Rewrite(rule.id, root, nodes, old_outputs, list(node.outputs), [node], [],
+                      {}, opsets, {0: root.name or ""})
+    if existing is None:
+        rewrite.functions.append(function)
+    return rewrite
+
+
+def _in_graph_order(graph: ir.Graph | ir.Function, nodes: list[ir.Node]) -> list[ir.Node]:
+    wanted = {id(n) for n in nodes}
+    return [n for n in graph if id(n) in wanted]
+
+
+def _function_of(op: OpRef, nodes: list[ir.Node], inputs: list[ir.Value],
+                 outputs: list[ir.Value], opsets: dict[str, int]) -> ir.Function:
+    """Clone ``nodes`` into a function body with formal inputs ``x0..`` and outputs ``y0..``."""
+    mapping: dict[int, ir.Value] = {}
+    formal_inputs = []
+    for index, value in enumerate(inputs):
+        formal = ir.Value(name=f"x{index}")
+        mapping[id(value)] = formal
+        formal_inputs.append(formal)
+    body = []
+    counter = itertools.count()
+    for node in nodes:
+        clone = ir.Node(node.domain, node.op_type,
+                        [None if v is None else mapping[id(v)] for v in node.inputs],
+                        attributes=list(node.attributes.values()),
+                        num_outputs=len(node.outputs), name=f"n{len(body)}")
+        for old, new in zip(node.outputs, clone.outputs, strict=True):
+            new.name = f"t{next(counter)}"
+            mapping[id(old)] = new
+        body.append(clone)
+    formal_outputs = []
+    for index, value in enumerate(outputs):
+        formal = mapping[id(value)]
+        formal.name = f"y{index}"
+        formal_outputs.append(formal)
+    used = {n.domain for n in nodes}
+    imports = {d: opsets.get(d, 1) for d in used}
+    graph = ir.Graph(formal_inputs, formal_outputs, nodes=body, opset_imports=imports,
+                     name=op.op_type)
+    return ir.Function(op.domain, op.op_type, graph=graph, attributes=[])
+
+
+def _function_key(function: ir.Function) -> str:
+    proto = ir.serde.serialize_function(function)
+    proto.overload = ""
+    return proto.SerializeToString(deterministic=True).hex()
+
+
+def _same_function(model: ir.Model, function: ir.Function) -> ir.Function | None:
+    key = _function_key(function)
+    for existing in model.functions.values():
+        if (existing.domain, existing.name) == (function.domain, function.name) and \
+                _function_key(existing) == key:
+            return existing
+    return None
+
+
+def _free_overload(model: ir.Model, op: OpRef, function: ir.Function) -> str:
+    """The first body of a kernel has no overload; later different bodies get ``v2``...
+    Overloads need IR version 10, so the model is raised to it when a second body appears."""
+    taken = {f.overload for f in model.functions.values()
+             if (f.domain, f.name) == (op.domain, op.op_type)}
+    if "" not in taken:
+        return ""
+    model.ir_version = max(model.ir_version, OVERLOAD_IR_VERSION)
+    index = 2
+    while f"v{index}" in taken:
+        index += 1
+    return f"v{index}"
 
 
 def compile_rules(rules: Iterable[Rule]) -> list[CompiledRule]:

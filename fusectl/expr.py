@@ -289,6 +289,458 @@ def _cast(dtype: str) -> Callable[[Any], np.ndarray]:
     return cast
 
 
+MAX_CONV_MACS = 1 << 32
+MAX_BOX_WINDOW = 4096
+
+
+def _conv_weight(weight: Any) -> np.ndarray:
+    """A constant Conv/ConvTranspose weight: [rows, cols, k...] with at least one kernel axis."""
+    array = np.asarray(to_array(weight, "weight"))
+    if not 3 <= array.ndim <= MAX_RANK:
+        raise NoMatch(f"a conv weight has rank >= 3, got {array.ndim}")
+    return array
+
+
+def _fn_group_channels(vector: Any, weight: Any, group: Any) -> np.ndarray:
+    """A per-channel vector laid out against a grouped conv weight, for folds that scale or
+    shift the channel on the other side of the weight than axis 0.
+
+    ``weight`` is [rows, cols, k...] in ``group`` groups; entry [r, c] connects channel
+    ``(r // (rows / group)) * cols + c`` of the other side: the input channel for a Conv
+    weight [C_out, C_in/group, k...], the output channel for a ConvTranspose weight
+    [C_in, C_out/group, k...]. The result [rows, cols, 1...] holds ``vector`` at that
+    channel and broadcasts against the weight.
+    """
+    dims = _shape_of(weight)
+    if not 3 <= len(dims) <= MAX_RANK or not all(isinstance(d, int) for d in dims):
+        raise NoMatch("group_channels() needs a conv weight of known shape")
+    rows, cols = int(dims[0]), int(dims[1])
+    group = int(group)
+    if group < 1 or rows % group:
+        raise NoMatch(f"{rows} weight rows do not split into {group} groups")
+    array = np.asarray(to_array(vector)).reshape(-1)
+    if array.size != group * cols:
+        raise NoMatch(f"{array.size} channel values for {group * cols} channels")
+    channel = (np.arange(rows) // (rows // group))[:, None] * cols + np.arange(cols)[None, :]
+    return array[channel].reshape((rows, cols) + (1,) * (len(dims) - 2))
+
+
+def _fn_conv_shift_bias(weight: Any, shift: Any, group: Any) -> np.ndarray:
+    """What an unpadded Conv adds to each output channel when its input is shifted by a
+    per-input-channel constant: ``sum over c, k of W[o, c, k] * shift[channel(o, c)]``."""
+    array = _conv_weight(weight)
+    laid_out = _fn_group_channels(shift, array, group)
+    return np.sum(array.astype(np.float64) * laid_out, axis=tuple(range(1, array.ndim)))
+
+
+def _fn_dense_weight(weight: Any, group: Any) -> np.ndarray:
+    """A grouped Conv weight [C_out, C_in/group, k...] as the equivalent dense (group 1)
+    weight [C_out, C_in, k...] with zero blocks, for merges that end up fully connected."""
+    array = _conv_weight(weight)
+    group = int(group)
+    rows, cols = array.shape[0], array.shape[1]
+    if group < 1 or rows % group:
+        raise NoMatch(f"{rows} output channels do not split into {group} groups")
+    if array.size * group > MAX_ELEMENTS:
+        raise NoMatch("dense_weight() result too large")
+    dense = np.zeros((rows, cols * group) + array.shape[2:], dtype=array.dtype)
+    per_group = rows // group
+    for g in range(group):
+        block = slice(g * per_group, (g + 1) * per_group)
+        dense[block, g * cols:(g + 1) * cols] = array[block]
+    return dense
+
+
+def _fn_conv_compose(outer: Any, inner: Any, group: Any) -> np.ndarray:
+    """The weight of one Conv equal to a 1x1 Conv ``outer`` [C2, C1, 1...] (group 1) applied
+    after a Conv ``inner`` [C1, C0/group, k...]: [C2, C0, k...] (a dense, group-1 weight)."""
+    second, first = _conv_weight(outer), _conv_weight(inner)
+    if any(d != 1 for d in second.shape[2:]) or second.ndim != first.ndim:
+        raise NoMatch("the outer conv must be 1x1 with the inner conv's rank")
+    if second.shape[1] != first.shape[0]:
+        raise NoMatch("the outer conv's input channels are not the inner conv's outputs")
+    group = int(group)
+    macs = second.shape[0] * first.size * max(group, 1)
+    if macs > MAX_CONV_MACS:
+        raise NoMatch("conv_compose() needs too much work")
+    dense = _fn_dense_weight(first, group)
+    matrix = second.reshape(second.shape[0], second.shape[1]).astype(np.float64)
+    return np.tensordot(matrix, dense, axes=([1], [0]))
+
+
+def _fn_box_filter(weight: Any, kernel: Any) -> np.ndarray:
+    """Conv weights followed by an average pool whose windows tile (kernel = stride): each
+    spatial kernel convolved with a ``kernel``-sized box of 1/prod(kernel), giving kernel
+    size K + k - 1, so Conv then AveragePool is one strided Conv."""
+    array = _conv_weight(weight)
+    box = [int(k) for k in np.ravel(kernel)]
+    if len(box) != array.ndim - 2 or any(k < 1 for k in box):
+        raise NoMatch("the pool kernel does not match the conv's spatial rank")
+    window = math.prod(box)
+    out_shape = array.shape[:2] + tuple(s + k - 1 for s, k in zip(array.shape[2:], box,
+                                                                     strict=True))
+    if window > MAX_BOX_WINDOW or math.prod(out_shape) > MAX_ELEMENTS:
+        raise NoMatch("box_filter() result too large")
+    out = np.zeros(out_shape, dtype=np.float64)
+    for offset in np.ndindex(*box):
+        index = (slice(None), slice(None)) + tuple(
+            slice(o, o + s) for o, s in zip(offset, array.shape[2:], strict=True)
+        )
+        out[index] += array
+    return out / window
+
+
+def _fn_spatial_pads(pads: Any, rank: Any, axes: Any = None) -> list[int]:
+    """The pads of a constant Pad as Conv/pool ``pads`` ([begins..., ends...] of the spatial
+    axes 2.. of a rank-``rank`` tensor); no match when the Pad pads the batch or channel
+    axis or crops (negative pads). ``axes`` is the Pad's optional axes input (opset 18)."""
+    _check_rank(rank)
+    rank = int(rank)
+    values = [int(p) for p in np.ravel(to_array(pads, "pads"))]
+    if axes is None:
+        listed = list(range(rank))
+    else:
+        listed = [int(a) + rank if int(a) < 0 else int(a) for a in np.ravel(to_array(axes))]
+        if len(set(listed)) != len(listed) or not all(0 <= a < rank for a in listed):
+            raise NoMatch(f"bad Pad axes {listed} for rank {rank}")
+    if len(values) != 2 * len(listed):
+        raise NoMatch(f"{len(values)} pads for {len(listed)} axes")
+    begins, ends = [0] * rank, [0] * rank
+    for i, axis in enumerate(listed):
+        begins[axis], ends[axis] = values[i], values[i + len(listed)]
+    if min(begins + ends) < 0:
+        raise NoMatch("negative pads crop the tensor")
+    if rank < 3 or any(begins[:2]) or any(ends[:2]):
+        raise NoMatch("the Pad pads the batch or channel axis")
+    return begins[2:] + ends[2:]
+
+
+def _fn_dims(values: Iterable[Any], axis: int) -> np.ndarray:
+    """Sizes of several tensors along one axis, as the int64 ``split`` of a Split."""
+    sizes = []
+    for value in values:
+        shape = _fn_shape(value)
+        if not -len(shape) <= int(axis) < len(shape):
+            raise NoMatch(f"axis {axis} out of range for rank {len(shape)}")
+        dim = shape[int(axis)]
+        if not isinstance(dim, (int, np.integer)):
+            raise NoMatch("a size along the split axis is not known")
+        sizes.append(int(dim))
+    return np.asarray(sizes, dtype=np.int64)
+
+
+def _fn_zeros(shape: Any, like: Any = None) -> np.ndarray:
+    """A zero tensor (e.g. the missing bias of one sibling), in ``like``'s dtype."""
+    dims = [int(d) for d in np.atleast_1d(np.asarray(shape))]
+    if any(d < 0 for d in dims) or int(np.prod(dims, dtype=np.int64)) > MAX_ELEMENTS:
+        raise NoMatch("zeros() shape is negative or too large")
+    dtype = np.float32 if like is None else np.asarray(to_array(like)).dtype
+    return np.zeros(dims, dtype=dtype)
+
+
+def _fn_op_type(value: Any) -> str:
+    """The op type of the node that produced a matched value (``domain.Op`` outside the
+    ONNX domain), so that one rule with op alternatives (``z = Relu | Tanh (y)``) can
+    name the op it matched, e.g. as a fused op's ``activation`` attribute."""
+    if not isinstance(value, ir.Value):
+        raise NoMatch("op_type() needs a value of the match")
+    node = value.producer()
+    if node is None:
+        raise NoMatch(f"{value.name or 'value'} is not produced by a node")
+    if node.domain in ("", "ai.onnx"):
+        return node.op_type
+    return f"{node.domain}.{node.op_type}"
+
+
+# ------------------------------------------------- layout (rules/50-layout.yaml)
+
+
+def _rank_of(value: Any) -> int:
+    """The rank of a value, also when some of its dims are unknown (``rank`` needs them all)."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        rank = int(value)
+    elif isinstance(value, ir.Value) and _const_tensor(value) is None:
+        if value.shape is None:
+            raise NoMatch(f"rank of {value.name} is unknown")
+        rank = len(value.shape)
+    else:
+        rank = len(_shape_of(value))
+    _check_rank(rank)
+    return rank
+
+
+def _int_list(values: Any, what: str) -> list[int]:
+    """Axes, perms and shapes (an attribute list, a constant tensor or an array) as ints."""
+    if values is None:
+        raise NoMatch(f"{what} absent")
+    array = np.asarray(to_array(values, what))
+    if array.ndim > 1 or array.size > MAX_RANK:
+        raise NoMatch(f"{what} must be a short list")
+    if array.size and array.dtype.kind not in "iu":
+        raise NoMatch(f"{what} must be integers")
+    return [int(v) for v in array.reshape(-1)]
+
+
+def _perm(perm: Any) -> list[int]:
+    values = _int_list(perm, "perm")
+    if sorted(values) != list(range(len(values))):
+        raise NoMatch(f"{values} is not a permutation")
+    return values
+
+
+def _fn_norm_axes(axes: Any, rank: Any) -> list[int]:
+    """Axes made non-negative and sorted, for a tensor of ``rank`` (an int or a value), so
+    that two ops' axes can be compared; out-of-range or repeated axes do not match (the
+    op itself would fail)."""
+    size = _rank_of(rank)
+    normalized = []
+    for axis in _int_list(axes, "axes"):
+        axis = axis + size if axis < 0 else axis
+        if not 0 <= axis < size:
+            raise NoMatch(f"axis {axis} out of range for rank {size}")
+        normalized.append(axis)
+    if len(set(normalized)) != len(normalized):
+        raise NoMatch("repeated axes")
+    return sorted(normalized)
+
+
+def _fn_permute_axes(perm: Any, axes: Any) -> list[int]:
+    """Axes of ``Transpose(x, perm)`` as axes of x: reducing the transposed tensor over
+    ``axes`` is reducing x over ``permute_axes(perm, axes)`` (then transposing)."""
+    order = _perm(perm)
+    return sorted(order[a] for a in _fn_norm_axes(axes, len(order)))
+
+
+def _fn_reduced_perm(perm: Any, axes: Any, keepdims: Any) -> list[int]:
+    """The perm of the Transpose that must follow a reduction moved above ``Transpose(perm)``.
+
+    ``axes`` are the reduction's axes after the Transpose (None or empty: every axis).
+    With keepdims the perm is unchanged, or the identity when every axis is reduced (all
+    dims are then 1); without keepdims the reduced dims are gone and the others keep
+    the order the Transpose gave them.
+    """
+    order = _perm(perm)
+    rank = len(order)
+    reduced = [] if axes is None else _fn_norm_axes(axes, rank)
+    if not reduced:
+        reduced = list(range(rank))
+    if keepdims is None or int(keepdims) != 0:
+        return list(range(rank)) if len(reduced) == rank else order
+    gone = {order[k] for k in reduced}
+    kept = [j for j in range(rank) if j not in gone]
+    return [kept.index(order[k]) for k in range(rank) if k not in reduced]
+
+
+def _fn_fill_reshape_zeros(shape: Any, like: Any, allowzero: Any = 0) -> Any:
+    """A Reshape target that no longer depends on the Reshape's input, so that a chain of
+    reshapes can start from an earlier tensor.
+
+    With ``allowzero`` 0 (the default) a 0 in the target copies the input's dim at that
+    position; each 0 becomes the static dim of ``like`` (the Reshape's input). Returns
+    ``shape`` itself when it has no 0 or when allowzero is 1 (zeros are then literal and
+    a -1 depends on the element count only, which a chain of reshapes keeps).
+    """
+    if allowzero is not None and int(allowzero) != 0:
+        return shape
+    target = _int_list(shape, "Reshape shape")
+    if 0 not in target:
+        return shape
+    dims = _shape_of(like)
+    filled = []
+    for i, dim in enumerate(target):
+        if dim == 0:
+            if i >= len(dims) or not isinstance(dims[i], int):
+                raise NoMatch(f"the dim a 0 copies (axis {i}) is not known statically")
+            if dims[i] == 0:
+                raise NoMatch("a copied dim of size 0 cannot be written as a literal")
+            dim = dims[i]
+        filled.append(dim)
+    return np.asarray(filled, dtype=np.int64)
+
+
+def _fn_moves_unit_dims_only(perm: Any, value: Any) -> bool:
+    """Whether ``Transpose(value, perm)`` only moves dims of size 1: the dims that may be
+    larger (symbolic ones included) keep their order, so the data order is unchanged and
+    the Transpose is a Reshape (a view, no copy)."""
+    order = _perm(perm)
+    dims = _shape_of(value)
+    if len(dims) != len(order):
+        raise NoMatch("perm and rank differ")
+    moved = [axis for axis in order if dims[axis] != 1]
+    return moved == sorted(moved)
+
+
+def _fn_transposed_shape(perm: Any, value: Any) -> np.ndarray:
+    """The dims of ``Transpose(value, perm)`` as a Reshape target valid for any input with
+    as many elements: static dims as they are, one symbolic dim as -1. No match for a
+    second symbolic dim or a dim of size 0 (a 0 in a Reshape target copies a dim)."""
+    order = _perm(perm)
+    dims = _shape_of(value)
+    if len(dims) != len(order):
+        raise NoMatch("perm and rank differ")
+    out = [dims[axis] for axis in order]
+    if sum(1 for d in out if not isinstance(d, int)) > 1:
+        raise NoMatch("more than one symbolic dim")
+    if 0 in out:
+        raise NoMatch("a dim of size 0")
+    return np.asarray([d if isinstance(d, int) else -1 for d in out], dtype=np.int64)
+
+
+def _fn_is_noop_reshape(value: Any, shape: Any, allowzero: Any = 0) -> bool:
+    """Whether ``Reshape(value, shape)`` returns value's own shape: every target entry is
+    the same static dim or a copying 0 (allowzero 0), plus at most one -1 (which is then
+    that dim); symbolic dims must be copied with 0 to count."""
+    dims = _shape_of_known_rank(value)
+    target = _int_list(shape, "Reshape shape")
+    copies = allowzero is None or int(allowzero) == 0
+    if len(target) != len(dims) or 0 in [d for d in dims if isinstance(d, int)]:
+        return False
+    inferred = 0
+    for dim, wanted in zip(dims, target, strict=True):
+        if wanted == 0 and copies:
+            continue
+        if wanted == -1:
+            inferred += 1
+        elif not isinstance(dim, int) or dim != wanted:
+            return False
+    return inferred <= 1
+
+
+def _shape_of_known_rank(value: Any) -> tuple[int | str | None, ...]:
+    """Dims of a value, None for an unknown dim (the rank must be known)."""
+    if isinstance(value, ir.Value) and _const_tensor(value) is None:
+        if value.shape is None:
+            raise NoMatch(f"shape of {value.name} is unknown")
+        return tuple(d if isinstance(d, int) else d.value for d in value.shape)
+    return _shape_of(value)
+
+
+def _fn_squeezed_axes(axes: Any, value: Any) -> list[int]:
+    """The axes ``Squeeze(value, axes)`` removes, sorted and non-negative. Without axes a
+    Squeeze removes every dim of size 1, which is only known when no dim is symbolic."""
+    if axes is not None:
+        return _fn_norm_axes(axes, value)
+    dims = _shape_of(value)
+    if not all(isinstance(d, int) for d in dims):
+        raise NoMatch("a Squeeze without axes on symbolic dims")
+    return [i for i, d in enumerate(dims) if d == 1]
+
+
+def _fn_merge_unsqueeze_axes(first: Any, second: Any, value: Any) -> list[int]:
+    """The axes of one Unsqueeze equal to ``Unsqueeze(Unsqueeze(value, first), second)``."""
+    rank = _rank_of(value)
+    inner = _fn_norm_axes(first, rank + len(_int_list(first, "axes")))
+    middle = rank + len(inner)
+    outer = _fn_norm_axes(second, middle + len(_int_list(second, "axes")))
+    kept = [i for i in range(middle + len(outer)) if i not in outer]
+    return sorted(set(outer) | {kept[i] for i in inner})
+
+
+def _fn_merge_squeeze_axes(first: Any, second: Any, value: Any) -> list[int]:
+    """The axes of one Squeeze equal to ``Squeeze(Squeeze(value, first), second)``;
+    ``first`` are axes of value, ``second`` axes of the intermediate (see squeezed_axes)."""
+    rank = _rank_of(value)
+    inner = _fn_norm_axes(first, rank)
+    outer = _fn_norm_axes(second, rank - len(inner))
+    kept = [j for j in range(rank) if j not in inner]
+    return sorted(set(inner) | {kept[j] for j in outer})
+
+
+def _fn_itemsize(value: Any) -> float:
+    """Bytes per element of a value's dtype or of an ONNX dtype code (a Cast's ``to``), to
+    tell whether moving a Transpose across a Cast makes it move more bytes."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        dtype = ir.DataType(int(value))
+    elif isinstance(value, ir.Value):
+        tensor = _const_tensor(value)
+        dtype = tensor.dtype if tensor is not None else value.dtype
+        if dtype is None:
+            raise NoMatch(f"dtype of {value.name} is unknown")
+    else:
+        raise NoMatch("itemsize() needs a value or a dtype code")
+    return float(dtype.itemsize)
+
+
+def _fn_lift_rank(value: Any, rank: Any) -> np.ndarray:
+    """A constant with leading 1-dims added up to ``rank``: numpy broadcasting made
+    explicit, so that the constant can be transposed along with the other operand."""
+    _check_rank(rank)
+    array = np.asarray(to_array(value))
+    if array.ndim > int(rank):
+        raise NoMatch(f"rank {array.ndim} is higher than {rank}")
+    return array.reshape((1,) * (int(rank) - array.ndim) + array.shape)
+
+
+# --------------------------------------------- activations (rules/40-activation.yaml)
+
+_ROUNDING_RTOL = {"float16": 2.0**-10, "bfloat16": 2.0**-7}
+"""Relative tolerance of ``near`` for constants stored in a low-precision float dtype
+(one machine epsilon: twice the worst rounding error of a stored constant)."""
+NEAR_RTOL = 1e-5
+
+
+def _fn_near(value: Any, target: Any) -> bool:
+    """Whether a constant holds exactly one value equal to ``target`` up to the rounding of
+    its own dtype. Exporters store sqrt(2), 1/6 or 0.044715 in the model's dtype: in a
+    float16 model they are off by up to 2^-11 (relative), far more than the 1e-5 a literal
+    in a match statement allows, so activation rules capture such constants and test them
+    here. Attribute values (plain numbers) compare with the float32 tolerance."""
+    if isinstance(value, ir.Value):
+        dtype = value_dtype(value)
+        rtol = _ROUNDING_RTOL.get(dtype.name if dtype is not None else "", NEAR_RTOL)
+        if dtype is not None and "bfloat16" in str(dtype):
+            rtol = _ROUNDING_RTOL["bfloat16"]
+    else:
+        rtol = NEAR_RTOL
+    array = np.asarray(to_array(value), dtype=np.float64)
+    if array.size != 1:
+        raise NoMatch(f"a constant with {array.size} values, not one")
+    wanted = float(np.asarray(to_array(target), dtype=np.float64).reshape(()))
+    actual = float(array.reshape(()))
+    return bool(abs(actual - wanted) <= rtol * abs(wanted) + 1e-12)
+
+
+def _known_rank(value: Any) -> int:
+    """The rank of a value, also when some of its dims are unknown."""
+    if isinstance(value, ir.Value):
+        tensor = _const_tensor(value)
+        if tensor is not None:
+            return len(tensor.shape)
+        if value.shape is None:
+            raise NoMatch(f"rank of {value.name or 'a value'} is unknown")
+        return len(value.shape)
+    if value is None:
+        raise NoMatch("rank of an absent value")
+    return int(np.ndim(value))
+
+
+def _fn_same_rank(a: Any, b: Any) -> bool:
+    """Whether two values have the same known rank (their dims may be unknown).
+
+    A chain of elementwise ops with one-element constants keeps its input's shape exactly
+    when its output has the input's rank (a constant of higher rank would add dims), so
+    ``same_rank(z, x)`` checks at once every literal of a pattern before it becomes a
+    single op on x."""
+    return _known_rank(a) == _known_rank(b)
+
+
+def _fn_single_axis(axes: Any, like: Any) -> int:
+    """The one axis a reduction runs over (a constant input, an attribute list or a number),
+    made non-negative for a tensor like ``like``: Softmax(axis) equals a decomposed
+    softmax only when its ReduceSum runs over exactly one axis."""
+    if axes is None:
+        raise NoMatch("the reduction runs over every axis")
+    values = np.ravel(np.asarray(to_array(axes, "axes")))
+    if values.size != 1 or values.dtype.kind not in "iu":
+        raise NoMatch(f"the reduction runs over {values.size} axes, not one")
+    rank = _known_rank(like)
+    axis = int(values[0])
+    axis = axis + rank if axis < 0 else axis
+    if not 0 <= axis < rank:
+        raise NoMatch(f"axis {int(values[0])} out of range for rank {rank}")
+    return axis
+
+
 FUNCTIONS: dict[str, Callable[..., Any]] = {
     "is_const": _fn_is_const,
     "rank": _fn_rank,
@@ -323,6 +775,30 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     "transpose": lambda x, p: np.transpose(to_array(x), [int(i) for i in p]),
     "matmul": lambda a, b: np.matmul(to_array(a), to_array(b)),
     "list": lambda x: [v.item() if isinstance(v, np.generic) else v for v in x],
+    "group_channels": _fn_group_channels,
+    "conv_shift_bias": _fn_conv_shift_bias,
+    "dense_weight": _fn_dense_weight,
+    "conv_compose": _fn_conv_compose,
+    "box_filter": _fn_box_filter,
+    "spatial_pads": _fn_spatial_pads,
+    "dims": _fn_dims,
+    "zeros": _fn_zeros,
+    "op_type": _fn_op_type,
+    "norm_axes": _fn_norm_axes,
+    "permute_axes": _fn_permute_axes,
+    "reduced_perm": _fn_reduced_perm,
+    "fill_reshape_zeros": _fn_fill_reshape_zeros,
+    "moves_unit_dims_only": _fn_moves_unit_dims_only,
+    "transposed_shape": _fn_transposed_shape,
+    "is_noop_reshape": _fn_is_noop_reshape,
+    "squeezed_axes": _fn_squeezed_axes,
+    "merge_unsqueeze_axes": _fn_merge_unsqueeze_axes,
+    "merge_squeeze_axes": _fn_merge_squeeze_axes,
+    "itemsize": _fn_itemsize,
+    "lift_rank": _fn_lift_rank,
+    "near": _fn_near,
+    "same_rank": _fn_same_rank,
+    "single_axis": _fn_single_axis,
 }
 """Every function an expression may call. Casts mark their result as explicitly typed."""
 

@@ -124,7 +124,7 @@ def apply_rules(
     model: ir.Model,
     rules: Sequence[CompiledRule],
     *,
-    target: str = "onnx",
+    target: str | Sequence[str] = "onnx",
     max_passes: int = MAX_PASSES,
     dims: Mapping[str, int] | None = None,
 ) -> RewriteResult:
@@ -152,6 +152,15 @@ def apply_rules(
         fired = 0
         for rule in active:
             for graph in list(_graphs(model)):
+                if rule.rule.group is not None:
+                    def reject(node: ir.Node, reason: str, rule: CompiledRule = rule) -> None:
+                        _reject(rejections, rule.id, node, reason)
+                    for rewrite in rule.find_groups(model, graph, reject):
+                        applications.append(
+                            _apply(model, graph, rewrite, names, pass_number, dims)
+                        )
+                        fired += 1
+                    continue
                 cap = sum(1 for _ in graph) + 1
                 count = 0
                 for node in graph:
@@ -163,9 +172,7 @@ def apply_rules(
                     try:
                         rewrite = rule.find(model, graph, node)
                     except NoRewrite as exc:
-                        seen = rejections.setdefault(rule.id, [])
-                        if len(seen) < MAX_REJECTIONS_PER_RULE:
-                            seen.append(Rejection(rule.id, node.name or node.op_type, str(exc)))
+                        _reject(rejections, rule.id, node, str(exc))
                         continue
                     if rewrite is None:
                         continue
@@ -188,6 +195,13 @@ def apply_rules(
     )
 
 
+def _reject(rejections: dict[str, list[Rejection]], rule_id: str, node: ir.Node,
+            reason: str) -> None:
+    seen = rejections.setdefault(rule_id, [])
+    if len(seen) < MAX_REJECTIONS_PER_RULE:
+        seen.append(Rejection(rule_id, node.name or node.op_type, reason))
+
+
 def _bytes(nodes: Sequence[ir.Node], dims: Mapping[str, int] | None) -> int:
     return sum(traffic.node_traffic(n, dims=dims).bytes_total for n in nodes)
 
@@ -206,6 +220,8 @@ def _apply(model: ir.Model, graph: ir.Graph, rewrite: Rewrite, names: _Names,
         graph.register_initializer(init)
     for node in rewrite.new_nodes:
         node.metadata_props[RULE_TAG] = rewrite.rule_id
+    for function in rewrite.functions:
+        model.functions[function.identifier()] = function
     old_names = set(matched)
     for index, node in enumerate(rewrite.new_nodes):
         hint = rewrite.name_hints.get(index) or root_name

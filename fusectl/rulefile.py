@@ -21,7 +21,16 @@ import yaml
 
 from . import expr
 from .errors import RuleFileError, SourceSpan
-from .statements import NodeSpec, Ref, StatementError, parse_statements, split_alternatives
+from .statements import (
+    EACH,
+    NodeSpec,
+    OpRef,
+    Ref,
+    StatementError,
+    op_ref,
+    parse_statements,
+    split_alternatives,
+)
 
 RULE_ID = re.compile(r"[a-z0-9](?:[a-z0-9-]*[a-z0-9])?")
 TARGETS = ("onnx", "onnxruntime")
@@ -109,6 +118,29 @@ class RuleTest:
 
 
 @dataclass(frozen=True)
+class Group:
+    """A sibling-group rule: every match consuming ``shared`` is one member; members
+    whose attributes and ``key`` values agree are replaced together."""
+
+    shared: str
+    min_size: int = 2
+    key: tuple[expr.Expression, ...] = ()
+    line: int = 0
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """A target file's header: the custom domain its fused kernels live in."""
+
+    name: str
+    domain: str
+    opset: int = 1
+    base: str = "onnx"
+    kernels: tuple[tuple[str, str], ...] = ()
+    file: str = "<memory>"
+
+
+@dataclass(frozen=True)
 class Rule:
     """A loaded, checked rule; the compiler turns it into a rewrite rule."""
 
@@ -128,6 +160,11 @@ class Rule:
     """Every combination of statement alternatives (``A(x) | B(x)``), each a full pattern."""
     match_text: tuple[str, ...] = field(default=(), compare=False)
     replace_text: tuple[str, ...] = field(default=(), compare=False)
+    group: Group | None = None
+    merge: tuple[LetBinding, ...] = ()
+    """Group rules: evaluated once per group; per-member names read as lists."""
+    fuse: OpRef | None = None
+    """Replace the match by one node of this op plus a local function holding the match."""
 
     @property
     def source(self) -> SourceSpan:
@@ -237,10 +274,11 @@ def _keys(node: _Node, allowed: Iterable[str], required: Iterable[str], what: st
 # -------------------------------------------------------------------------- loading
 
 
-def load_rule_text(text: str, file: str = "<string>") -> list[Rule]:
+def load_rule_text(text: str, file: str = "<string>",
+                   header: list[TargetSpec] | None = None) -> list[Rule]:
     """Load rules from YAML text; raises RuleFileError listing every problem."""
     problems = _Problems(file)
-    rules = list(_load(text, problems))
+    rules = list(_load(text, problems, header))
     if problems.items:
         raise RuleFileError(problems.items)
     return rules
@@ -248,7 +286,20 @@ def load_rule_text(text: str, file: str = "<string>") -> list[Rule]:
 
 def load_rule_file(path: str | Path) -> list[Rule]:
     """Load one rule file; unreadable files are reported like other rule errors."""
-    path = Path(path)
+    return load_rule_text(_read(Path(path)), str(path))
+
+
+def load_target_file(path: str | Path) -> tuple[TargetSpec, list[Rule]]:
+    """A target file: a rule file with a ``target:`` header naming a custom domain."""
+    header: list[TargetSpec] = []
+    rules = load_rule_text(_read(Path(path)), str(path), header)
+    if not header:
+        raise RuleFileError([(SourceSpan(str(path), 1),
+                              "not a target file: it has no 'target:' header")])
+    return header[0], rules
+
+
+def _read(path: Path) -> str:
     try:
         if path.stat().st_size > MAX_FILE_BYTES:
             raise RuleFileError([(SourceSpan(str(path), 1), "rule file larger than 4 MiB")])
@@ -257,7 +308,7 @@ def load_rule_file(path: str | Path) -> list[Rule]:
         raise RuleFileError([(None, f"{path}: rule file not found")]) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise RuleFileError([(None, f"{path}: cannot read rule file ({exc})")]) from None
-    return load_rule_text(text, str(path))
+    return text
 
 
 def rule_files(path: str | Path) -> list[Path]:
@@ -310,14 +361,20 @@ def load_builtin_rules() -> list[Rule]:
     return load_rules(builtin_rule_paths())
 
 
-def _load(text: str, problems: _Problems) -> Iterator[Rule]:
+def _load(text: str, problems: _Problems, header: list[TargetSpec] | None = None
+          ) -> Iterator[Rule]:
+    """Rules of one file; a target file's header is appended to ``header``."""
     root = _compose(text, problems)
     if root is None:
         return
-    top = _keys(root, ("version", "rules"), ("version", "rules"), "the rule file", problems)
+    top = _keys(root, ("version", "rules", "target"), ("version", "rules"), "the rule file",
+                problems)
     version = top.get("version")
     if version is not None and (type(version.value) is not int or version.value != 1):
         problems.add(version.line, f"unsupported version {version.value!r}; expected 1")
+    target = _target(top.get("target"), problems)
+    if target is not None and header is not None:
+        header.append(target)
     rules_node = top.get("rules")
     if rules_node is None:
         return
@@ -326,7 +383,7 @@ def _load(text: str, problems: _Problems) -> Iterator[Rule]:
         return
     ids: dict[str, int] = {}
     for item in rules_node.value:
-        rule = _load_rule(item, problems)
+        rule = _load_rule(item, problems, target)
         if rule is None:
             continue
         if rule.id in ids:
@@ -336,14 +393,64 @@ def _load(text: str, problems: _Problems) -> Iterator[Rule]:
         yield rule
 
 
-_RULE_KEYS = ("id", "summary", "when", "match", "where", "let", "replace", "tests")
+_TARGET_KEYS = ("name", "domain", "opset", "base", "kernels")
 
 
-def _load_rule(node: _Node, problems: _Problems) -> Rule | None:
+def _target(node: _Node | None, problems: _Problems) -> TargetSpec | None:
+    """``target:`` header of a target file: name, custom domain, its opset, base target."""
+    if node is None:
+        return None
+    keys = _keys(node, _TARGET_KEYS, ("name", "domain"), "target", problems)
+    name = _string(keys.get("name"), "target name", problems)
+    domain = _string(keys.get("domain"), "target domain", problems)
+    if name and (name in TARGETS or name == "any" or not RULE_ID.fullmatch(name)):
+        problems.add(keys["name"].line, f"target name {name!r} must be kebab-case and not "
+                                        f"one of {', '.join(TARGETS)}, any")
+    if domain and (not re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_]\w*)*", domain)
+                   or domain in ("", "ai.onnx", "onnx")):
+        problems.add(keys["domain"].line, f"target domain {domain!r} must be a custom domain "
+                                          "such as npu.example")
+    opset = keys.get("opset")
+    version = 1
+    if opset is not None:
+        if type(opset.value) is not int or opset.value < 1:
+            problems.add(opset.line, "target opset must be a positive integer")
+        else:
+            version = opset.value
+    base = "onnx"
+    if "base" in keys:
+        base = _string(keys["base"], "target base", problems) or "onnx"
+        if base not in TARGETS:
+            problems.add(keys["base"].line, f"target base must be one of {', '.join(TARGETS)}")
+    kernels: list[tuple[str, str]] = []
+    if "kernels" in keys:
+        raw = keys["kernels"]
+        if not isinstance(raw.value, dict) or not all(
+            isinstance(v.value, str) for v in raw.value.values()
+        ):
+            problems.add(raw.line, "kernels must map a kernel op name to its description")
+        else:
+            for kernel, text in raw.value.items():
+                if not re.fullmatch(r"[A-Za-z_]\w*", kernel):
+                    problems.add(text.line, f"kernel name {kernel!r} is not an op name")
+                kernels.append((kernel, text.value.strip()))
+    if not name or not domain:
+        return None
+    return TargetSpec(name, domain, version, base, tuple(kernels), problems.file)
+
+
+_RULE_KEYS = ("id", "summary", "when", "match", "where", "let", "replace", "tests",
+              "group", "merge", "fuse")
+
+
+def _load_rule(node: _Node, problems: _Problems, target: TargetSpec | None = None
+               ) -> Rule | None:
     before = len(problems.items)
-    keys = _keys(node, _RULE_KEYS, ("id", "summary", "match", "replace"), "a rule", problems)
+    keys = _keys(node, _RULE_KEYS, ("id", "summary", "match"), "a rule", problems)
     if not keys:
         return None
+    if ("replace" in keys) == ("fuse" in keys):
+        problems.add(node.line, "a rule needs exactly one of 'replace' and 'fuse'")
     rule_id = _string(keys.get("id"), "id", problems) or "?"
     if rule_id != "?" and not RULE_ID.fullmatch(rule_id):
         problems.add(keys["id"].line, f"rule id {rule_id!r} must be lowercase-kebab-case")
@@ -386,11 +493,26 @@ def _load_rule(node: _Node, problems: _Problems) -> Rule | None:
     names: list[str] | None = match_names if variants else None
     where = _where(keys.get("where"), names, problems)
     let = _let(keys.get("let"), names, problems)
-    if variants:
-        known = match_names + [b.name for b in let]
-        _check_replace(keys.get("replace"), replace_specs, replace_lines, known, produced,
-                       outputs, captures, problems)
-    when = _when(keys.get("when"), problems)
+    known = None if names is None else names + [b.name for b in let]
+    group = _group(keys.get("group"), known, captures, problems)
+    merge: list[LetBinding] = []
+    if "merge" in keys:
+        if group is None:
+            problems.add(keys["merge"].line, "'merge' is only for group rules (see 'group')")
+        merge = _let(keys.get("merge"), known, problems)
+    elif group is not None:
+        pass
+    fuse = _fuse(keys.get("fuse"), target, problems)
+    if fuse is not None and group is not None:
+        problems.add(keys["fuse"].line, "a group rule cannot 'fuse'; use replace")
+    if variants and known is not None and "replace" in keys:
+        if group is None:
+            _check_replace(keys.get("replace"), replace_specs, replace_lines, known, produced,
+                           outputs, captures, problems)
+        else:
+            _check_group_replace(keys.get("replace"), replace_specs, replace_lines, group,
+                                 known, [b.name for b in merge], produced, outputs, problems)
+    when = _when(keys.get("when"), problems, target)
     tests = _tests(keys.get("tests"), problems)
     if len(problems.items) > before:
         return None
@@ -410,7 +532,72 @@ def _load_rule(node: _Node, problems: _Problems) -> Rule | None:
         line=node.line,
         match_text=tuple(match_texts),
         replace_text=tuple(replace_texts),
+        group=group,
+        merge=tuple(merge),
+        fuse=fuse,
     )
+
+
+_GROUP_KEYS = ("shared", "min", "key")
+MAX_GROUP_KEYS = 8
+
+
+def _group(node: _Node | None, known: list[str] | None, captures: list[str],
+           problems: _Problems) -> Group | None:
+    """``group: {shared: x, min: 2, key: [expr...]}``: a sibling-merge rule."""
+    if node is None:
+        return None
+    keys = _keys(node, _GROUP_KEYS, ("shared",), "group", problems)
+    shared = _string(keys.get("shared"), "group shared value", problems)
+    if shared and known is not None and shared not in captures:
+        problems.add(keys["shared"].line, f"group: shared value {shared!r} must be a value "
+                                          "the match consumes (a capture)")
+    size = 2
+    if "min" in keys:
+        if type(keys["min"].value) is not int or keys["min"].value < 2:
+            problems.add(keys["min"].line, "group: min must be an integer >= 2")
+        else:
+            size = keys["min"].value
+    parsed: list[expr.Expression] = []
+    if "key" in keys:
+        items = keys["key"].value if isinstance(keys["key"].value, list) else [keys["key"]]
+        if len(items) > MAX_GROUP_KEYS:
+            problems.add(keys["key"].line, f"group: at most {MAX_GROUP_KEYS} key expressions")
+        for item in items[:MAX_GROUP_KEYS]:
+            if not isinstance(item.value, str):
+                problems.add(item.line, "group: key entries must be expressions")
+                continue
+            try:
+                parsed.append(expr.parse(item.value, known))
+            except expr.ExprError as exc:
+                problems.add(item.line, f"group key: {exc}")
+    if not shared:
+        return None
+    return Group(shared, size, tuple(parsed), node.line)
+
+
+def _fuse(node: _Node | None, target: TargetSpec | None, problems: _Problems) -> OpRef | None:
+    """``fuse: npu.example.ConvReluPool``: the fused kernel op (a custom domain)."""
+    if node is None:
+        return None
+    text = _string(node, "fuse", problems)
+    if not text:
+        return None
+    if not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+", text):
+        problems.add(node.line, f"fuse: {text!r} must be DOMAIN.Op, e.g. npu.example.ConvRelu")
+        return None
+    op = op_ref(text)
+    if op.domain in ("", "com.microsoft"):
+        problems.add(node.line, f"fuse: {text!r} must be in a custom domain")
+        return None
+    if target is not None:
+        if op.domain != target.domain:
+            problems.add(node.line, f"fuse: {text!r} is not in the target's domain "
+                                    f"{target.domain!r}")
+        elif target.kernels and op.op_type not in dict(target.kernels):
+            problems.add(node.line, f"fuse: kernel {op.op_type!r} is not declared in the "
+                                    f"target's kernels ({', '.join(dict(target.kernels))})")
+    return op
 
 
 def _string(node: _Node | None, what: str, problems: _Problems) -> str | None:
@@ -567,9 +754,12 @@ def _opset_range(text: Any, line: int, problems: _Problems) -> OpsetRange | None
     return OpsetRange(str(text), tuple(bounds))
 
 
-def _when(node: _Node | None, problems: _Problems) -> When:
+def _when(node: _Node | None, problems: _Problems, target: TargetSpec | None = None) -> When:
+    """Rules of a target file default to that target and import its domain."""
+    default_targets: tuple[str, ...] = (target.name,) if target else ("any",)
+    default_imports = ((target.domain, target.opset),) if target else ()
     if node is None:
-        return When()
+        return When((), default_targets, default_imports)
     keys = _keys(node, ("opset", "target", "imports"), (), "when", problems)
     opsets: list[tuple[str, OpsetRange]] = []
     opset = keys.get("opset")
@@ -579,23 +769,23 @@ def _when(node: _Node | None, problems: _Problems) -> When:
             parsed = _opset_range(value.value, value.line, problems)
             if parsed:
                 opsets.append(("" if domain in ("ai.onnx", "onnx") else domain, parsed))
-    targets: tuple[str, ...] = ("any",)
-    target = keys.get("target")
-    if target is not None:
-        raw = _plain(target)
+    targets = default_targets
+    target_node = keys.get("target")
+    if target_node is not None:
+        raw = _plain(target_node)
         names = raw if isinstance(raw, list) else [raw]
         if not all(isinstance(n, str) and n for n in names):
-            problems.add(target.line, "target must be a name or a list of names")
+            problems.add(target_node.line, "target must be a name or a list of names")
         else:
             targets = tuple(names)
-    imports: list[tuple[str, int]] = []
+    imports: list[tuple[str, int]] = list(default_imports)
     imp = keys.get("imports")
     if imp is not None:
         raw = _plain(imp)
         if not isinstance(raw, dict) or not all(isinstance(v, int) for v in raw.values()):
             problems.add(imp.line, "imports must map a domain to an opset version")
         else:
-            imports = sorted(raw.items())
+            imports = sorted({**dict(imports), **raw}.items())
     return When(tuple(opsets), targets, tuple(imports))
 
 
@@ -675,3 +865,43 @@ def _expect(node: _Node | None, problems: _Problems) -> Expect:
         tuple(ops),
         nodes.value if nodes is not None and isinstance(nodes.value, int) else None,
     )
+
+
+def _check_group_replace(node: _Node | None, specs: list[NodeSpec], lines: list[int],
+                         group: Group, known: list[str], merged: list[str],
+                         match_produced: list[str], outputs: list[str],
+                         problems: _Problems) -> None:
+    """A group's replacement reads the shared value, merge names and its own outputs,
+    and produces every match output once per member (``y... = Split(...)``)."""
+    if node is None or not specs:
+        return
+    available = {group.shared, *merged}
+    made: set[str] = set()
+    each: set[str] = set()
+    for spec, line in zip(specs, lines, strict=True):
+        for item in spec.inputs:
+            if isinstance(item, Ref) and item.name not in available and item.name not in made:
+                problems.add(line, f"replace: {item.name!r} is not the shared value, a merge "
+                                   "name or an earlier replacement output (per-member values "
+                                   "are lists: combine them in merge)")
+        if spec.copy_attrs_from and spec.copy_attrs_from not in match_produced:
+            problems.add(line, f"replace: '**{spec.copy_attrs_from}' must name a value the match "
+                               "produces")
+        for attr in spec.attrs:
+            try:
+                expr.parse(attr.text, known + merged)
+            except expr.ExprError as exc:
+                problems.add(line, f"replace: attribute {attr.name}: {exc}")
+        for out in spec.outputs:
+            if out.endswith(EACH):
+                base = out[: -len(EACH)]
+                if base not in outputs:
+                    problems.add(line, f"replace: {out!r} must name a match output")
+                if len(spec.outputs) != 1:
+                    problems.add(line, f"replace: {out!r} must be the statement's only output")
+                each.add(base)
+            else:
+                made.add(out)
+    for out in outputs:
+        if out not in each:
+            problems.add(node.line, f"replace must produce '{out}{EACH}' (one per member)")

@@ -16,6 +16,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+EACH = "..."
+"""``y... = Split(m)`` in a group rule's replace: one output per group member."""
+
 
 class StatementError(Exception):
     """A statement does not parse; the message says where."""
@@ -112,6 +115,8 @@ class _Parser:
             raise StatementError("a statement needs the form 'outputs = Op(inputs)'")
         outputs = tuple(o.strip() for o in text[:eq].split(","))
         for out in outputs:
+            if self.replace and out.endswith(EACH):
+                out = out[: -len(EACH)]
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", out):
                 raise StatementError(f"bad output name {out!r}")
         self.call(text[eq + 1 :].strip(), outputs)
@@ -121,7 +126,7 @@ class _Parser:
         m = re.match(rf"\s*\(\s*({names})\s*\)\s*", text) or re.match(rf"\s*({names})\s*", text)
         if not m:
             raise StatementError(f"expected an operator name in {text!r}")
-        ops = tuple(_op_ref(name.strip()) for name in m.group(1).split("|"))
+        ops = tuple(op_ref(name.strip()) for name in m.group(1).split("|"))
         if self.replace and len(ops) > 1:
             raise StatementError("alternatives ('|') are only allowed in match statements")
         rest = text[m.end() :]
@@ -201,7 +206,8 @@ def _find_assignment(text: str) -> int:
     return -1
 
 
-def _op_ref(name: str) -> OpRef:
+def op_ref(name: str) -> OpRef:
+    """``com.microsoft.FusedConv`` -> OpRef('com.microsoft', 'FusedConv')."""
     domain, _, op = name.rpartition(".")
     if domain in ("ai.onnx", "onnx"):
         domain = ""

@@ -113,7 +113,8 @@ def test_unknown_rule_key_at_its_line() -> None:
         """
     )
     assert_problems(text, [
-        (4, "unknown key 'sumary' in a rule; allowed: id, let, match, replace, summary"),
+        (4, "unknown key 'sumary' in a rule; allowed: fuse, group, id, let, match, merge, "
+            "replace, summary, tests, when, where"),
         (3, "a rule is missing required key 'summary'"),
     ])
 
@@ -153,7 +154,7 @@ def test_missing_required_rule_keys() -> None:
     assert_problems(text, [
         (3, "a rule is missing required key 'summary'"),
         (3, "a rule is missing required key 'match'"),
-        (3, "a rule is missing required key 'replace'"),
+        (3, "a rule needs exactly one of 'replace' and 'fuse'"),
         (4, "a rule is missing required key 'id'"),
     ])
 
@@ -742,7 +743,7 @@ def test_billion_laughs_rejected_quickly(levels: int, width: int) -> None:
     # one problem per alias written in the file, never per expanded copy
     assert len(anchors) == (levels - 1) * width
     others = [message for _, message in found if "anchors and aliases" not in message]
-    assert others == ["unknown key 'lol' in the rule file; allowed: rules, version"]
+    assert others == ["unknown key 'lol' in the rule file; allowed: rules, target, version"]
 
 
 # -------------------------------------------------------------------- broken files
