@@ -222,7 +222,7 @@ def _apply(model: ir.Model, graph: ir.Graph, rewrite: Rewrite, names: _Names,
         node.metadata_props[RULE_TAG] = rewrite.rule_id
     for function in rewrite.functions:
         model.functions[function.identifier()] = function
-    old_names = set(matched)
+    old_names = {n.name for n in rewrite.matched_nodes if n.name}
     for index, node in enumerate(rewrite.new_nodes):
         hint = rewrite.name_hints.get(index) or root_name
         if hint in old_names:

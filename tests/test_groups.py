@@ -1,0 +1,120 @@
+"""Sibling-group rules: one Split for any number of siblings, never a node twice,
+linear matching, and chained groups that feed each other."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import pytest
+from onnx import TensorProto, helper
+
+from fusectl.compile import CompiledRule, compile_rules
+from fusectl.prepare import prepare
+from fusectl.rewrite import apply_rules
+from fusectl.rulefile import load_rules
+from fusectl.ruletest import op_histogram
+from fusectl.validate import ValidationOptions, validate
+
+SIBLINGS = "rules/25-siblings.yaml"
+
+
+def _rules(*ids: str) -> list[CompiledRule]:
+    rules = compile_rules(load_rules([SIBLINGS]))
+    return [r for r in rules if r.id in ids]
+
+
+def _matmul_fan(n: int, width: int = 8, seed: int = 0) -> onnx.ModelProto:
+    """x -> n MatMuls (different output widths) -> n graph outputs."""
+    rng = np.random.default_rng(seed)
+    nodes, inits, outputs = [], [], []
+    for i in range(n):
+        cols = 1 + i % 5
+        inits.append(onnx.numpy_helper.from_array(
+            rng.standard_normal((width, cols)).astype(np.float32), f"W{i}"))
+        nodes.append(helper.make_node("MatMul", ["x", f"W{i}"], [f"y{i}"], name=f"mm{i}"))
+        outputs.append(helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, [3, cols]))
+    graph = helper.make_graph(nodes, "fan", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [3, width])], outputs, inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def _run(proto: onnx.ModelProto, rules: list[CompiledRule]) -> tuple[ir.Model, object]:
+    model = ir.serde.deserialize_model(proto)
+    prepare(model)
+    return model, apply_rules(model, rules)
+
+
+@pytest.mark.parametrize("n", [2, 3, 17, 64])
+def test_any_number_of_siblings_becomes_one_split(n: int) -> None:
+    proto = _matmul_fan(n)
+    model, result = _run(proto, _rules("matmul-sibling-merge"))
+    ops = op_histogram(model.graph)
+    assert ops == {"MatMul": 1, "Split": 1}
+    split = next(node for node in model.graph if node.op_type == "Split")
+    assert len(split.outputs) == n
+    assert [v.name for v in model.graph.outputs] == [f"y{i}" for i in range(n)]
+    assert len(result.applications) == 1
+    assert len(result.applications[0].matched) == n
+    assert validate(ir.serde.deserialize_model(proto), model, ValidationOptions()).passed
+
+
+def test_merge_reaches_a_fixed_point() -> None:
+    model, _ = _run(_matmul_fan(5), _rules("matmul-sibling-merge"))
+    again = apply_rules(model, _rules("matmul-sibling-merge"))
+    assert again.applications == ()
+    assert op_histogram(model.graph)["MatMul"] == 1
+
+
+def test_matching_is_linear_in_nodes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One match attempt per candidate node per pass, whatever the number of siblings."""
+    calls = {"n": 0}
+    original = CompiledRule._member
+
+    def counting(self, model, graph, node):  # noqa: ANN001, ANN202
+        calls["n"] += 1
+        return original(self, model, graph, node)
+
+    monkeypatch.setattr(CompiledRule, "_member", counting)
+    for n in (10, 100):
+        calls["n"] = 0
+        _, result = _run(_matmul_fan(n), _rules("matmul-sibling-merge"))
+        # pass 1 tries the n MatMuls, pass 2 the merged one; nothing quadratic
+        assert calls["n"] == n + result.passes - 1
+
+
+def test_groups_that_feed_each_other() -> None:
+    """x -> (a, b) and a -> (c, d): both groups merge, the second reading the Split."""
+    rng = np.random.default_rng(1)
+    inits = [onnx.numpy_helper.from_array(rng.standard_normal((4, 4)).astype(np.float32), n)
+             for n in ("W1", "W2", "W3", "W4")]
+    nodes = [
+        helper.make_node("MatMul", ["x", "W1"], ["a"]),
+        helper.make_node("MatMul", ["x", "W2"], ["b"]),
+        helper.make_node("MatMul", ["a", "W3"], ["c"]),
+        helper.make_node("MatMul", ["a", "W4"], ["d"]),
+    ]
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 4]) for n in "bcd"]
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [2, 4])], outs, inits)
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    model, result = _run(proto, _rules("matmul-sibling-merge"))
+    assert op_histogram(model.graph) == {"MatMul": 2, "Split": 2}
+    assert len(result.applications) == 2
+    onnx.checker.check_model(ir.to_proto(model), full_check=True)
+    assert validate(ir.serde.deserialize_model(proto), model, ValidationOptions()).passed
+
+
+def test_a_node_is_never_in_two_members() -> None:
+    """MatMul(x, x) consumes the shared value twice: it is one member, not two."""
+    rng = np.random.default_rng(2)
+    w = onnx.numpy_helper.from_array(rng.standard_normal((4, 4)).astype(np.float32), "W")
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["a"]),
+             helper.make_node("MatMul", ["x", "x"], ["b"])]
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [4, 4]) for n in "ab"]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [4, 4])], outs, [w])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    model, result = _run(proto, _rules("matmul-sibling-merge"))
+    assert result.applications == ()
+    assert op_histogram(model.graph) == {"MatMul": 2}
