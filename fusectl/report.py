@@ -80,6 +80,9 @@ def print_optimize(result: OptimizeResult, console: Console, *, verbose: bool = 
         console.print("[yellow]no rule fired[/yellow]")
     if rw.capped:
         console.print(f"[yellow]capped (possible runaway): {', '.join(rw.capped)}[/yellow]")
+    if not rw.converged:
+        console.print(f"[yellow]rules still fired after {rw.passes} passes; stopped there "
+                      "(no fixed point)[/yellow]")
     if verbose and rw.skipped:
         console.print(_table("Rules skipped", ("rule", "reason"), rw.skipped))
     elif rw.skipped:
@@ -186,6 +189,7 @@ def optimize_json(result: OptimizeResult, *, output: str | None = None) -> dict[
             "skipped": [{"id": rule_id, "reason": reason} for rule_id, reason in rw.skipped],
             "capped": list(rw.capped),
             "passes": rw.passes,
+            "converged": rw.converged,
         },
         "applications": [
             {

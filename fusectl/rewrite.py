@@ -23,7 +23,7 @@ from .compile import CompiledRule, NoRewrite, Rewrite
 from .shapes import infer_node
 
 RULE_TAG = "fusectl.rule"
-MAX_PASSES = 8
+MAX_PASSES = 16
 MAX_REJECTIONS_PER_RULE = 20
 
 
@@ -65,6 +65,8 @@ class RewriteResult:
     rejections: tuple[Rejection, ...] = ()
     capped: tuple[str, ...] = ()
     passes: int = 0
+    converged: bool = True
+    """False when the pass limit stopped rules that were still firing."""
     rules_run: tuple[str, ...] = field(default=())
 
     def counts(self) -> dict[str, int]:
@@ -147,6 +149,7 @@ def apply_rules(
     rejections: dict[str, list[Rejection]] = {}
     capped: set[str] = set()
     passes = 0
+    converged = False
     for pass_number in range(1, max_passes + 1):
         passes = pass_number
         fired = 0
@@ -182,6 +185,7 @@ def apply_rules(
                     count += 1
                     fired += 1
         if not fired:
+            converged = True
             break
     if applications:
         _cleanup(model)
@@ -191,6 +195,7 @@ def apply_rules(
         tuple(r for rs in rejections.values() for r in rs),
         tuple(sorted(capped)),
         passes,
+        converged,
         tuple(r.id for r in active),
     )
 
