@@ -11,7 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import onnx_ir as ir
-from onnx_ir.passes.common import RemoveUnusedNodesPass, ShapeInferencePass
+from onnx_ir.passes.common import (
+    CommonSubexpressionEliminationPass,
+    LiftConstantsToInitializersPass,
+    RemoveUnusedNodesPass,
+    ShapeInferencePass,
+)
 from onnxscript.optimizer import fold_constants
 
 FOLD_INPUT_LIMIT = 1 << 22
@@ -23,6 +28,7 @@ class PrepareResult:
     """What preparation changed: nodes folded into constants, whether shapes were inferred."""
 
     folded_nodes: int
+    """Nodes gone before matching: folded constants, lifted Constant nodes, duplicates."""
     shapes_inferred: bool
 
 
@@ -67,6 +73,12 @@ def prepare(model: ir.Model, *, fold: bool = True) -> PrepareResult:
             should_fold=_fold_constant_of_shape,
         )
         RemoveUnusedNodesPass()(model)
+        if model.ir_version >= LEGACY_IR_VERSION:
+            # Constant nodes become initializers (what every peer does), and identical
+            # nodes computing the same value are merged (onnxruntime's basic level does).
+            LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0)(model)
+            CommonSubexpressionEliminationPass()(model)
+            RemoveUnusedNodesPass()(model)
     folded = before - _count_nodes(model)
     result = ShapeInferencePass()(model)
     return PrepareResult(folded, result.modified)
