@@ -415,6 +415,18 @@ def _fn_spatial_pads(pads: Any, rank: Any, axes: Any = None) -> list[int]:
     return begins[2:] + ends[2:]
 
 
+def _fn_prod(values: Any) -> int:
+    """The product of a list of integers (e.g. the pixels of a pool window or stride), to
+    compare sizes that scale with it."""
+    items = [int(v) for v in np.ravel(to_array(values, "values"))]
+    if len(items) > MAX_RANK:
+        raise NoMatch("prod() of a long list")
+    result = math.prod(items)
+    if abs(result).bit_length() > MAX_INT_BITS:
+        raise NoMatch(f"integer larger than {MAX_INT_BITS} bits")
+    return result
+
+
 def _fn_dims(values: Iterable[Any], axis: int) -> np.ndarray:
     """Sizes of several tensors along one axis, as the int64 ``split`` of a Split."""
     sizes = []
@@ -658,7 +670,10 @@ def _fn_itemsize(value: Any) -> float:
             raise NoMatch(f"dtype of {value.name} is unknown")
     else:
         raise NoMatch("itemsize() needs a value or a dtype code")
-    return float(dtype.itemsize)
+    try:
+        return float(dtype.itemsize)
+    except TypeError:  # strings have no fixed size
+        raise NoMatch(f"{dtype} has no fixed element size") from None
 
 
 def _fn_lift_rank(value: Any, rank: Any) -> np.ndarray:
@@ -685,19 +700,23 @@ def _fn_near(value: Any, target: Any) -> bool:
     float16 model they are off by up to 2^-11 (relative), far more than the 1e-5 a literal
     in a match statement allows, so activation rules capture such constants and test them
     here. Attribute values (plain numbers) compare with the float32 tolerance."""
+    rtol = NEAR_RTOL
     if isinstance(value, ir.Value):
         dtype = value_dtype(value)
         rtol = _ROUNDING_RTOL.get(dtype.name if dtype is not None else "", NEAR_RTOL)
-        if dtype is not None and "bfloat16" in str(dtype):
-            rtol = _ROUNDING_RTOL["bfloat16"]
-    else:
-        rtol = NEAR_RTOL
     array = np.asarray(to_array(value), dtype=np.float64)
     if array.size != 1:
         raise NoMatch(f"a constant with {array.size} values, not one")
     wanted = float(np.asarray(to_array(target), dtype=np.float64).reshape(()))
     actual = float(array.reshape(()))
     return bool(abs(actual - wanted) <= rtol * abs(wanted) + 1e-12)
+
+
+def _fn_is_scalar_const(*values: Any) -> bool:
+    """Whether every given value that is present is a constant holding one element: the
+    slopes, offsets and bounds of a decomposed activation become attributes or scalar
+    inputs of one op. Absent optional inputs (None) are allowed."""
+    return all(v is None or (is_constant(v) and _fn_size(v) == 1) for v in values)
 
 
 def _known_rank(value: Any) -> int:
@@ -739,6 +758,265 @@ def _fn_single_axis(axes: Any, like: Any) -> int:
     if not 0 <= axis < rank:
         raise NoMatch(f"axis {int(values[0])} out of range for rank {rank}")
     return axis
+
+
+# ------------------------------- elementwise and cleanup (rules/05-cleanup, 45-elementwise)
+
+
+def _fn_is_graph_output(value: Any) -> bool:
+    """Whether a matched value is an output of its graph. ``y = Identity(x)`` in a
+    replacement keeps an Identity when y is a graph output (its name must survive), so a
+    rule that removes Identity nodes must not match those: it would replace the node by
+    an equal one on every pass."""
+    if not isinstance(value, ir.Value):
+        raise NoMatch("is_graph_output() needs a value of the match")
+    return value.is_graph_output()
+
+
+_INT_RANGES = {
+    "bool": (0, 1),
+    "int8": (-(2**7), 2**7 - 1),
+    "uint8": (0, 2**8 - 1),
+    "int16": (-(2**15), 2**15 - 1),
+    "uint16": (0, 2**16 - 1),
+    "int32": (-(2**31), 2**31 - 1),
+    "uint32": (0, 2**32 - 1),
+    "int64": (-(2**63), 2**63 - 1),
+    "uint64": (0, 2**64 - 1),
+}
+"""Value range of the integer dtypes (and bool, as 0/1)."""
+
+_FLOAT_FORMATS = {
+    "float16": (11, 15, -24, 65504.0),
+    "bfloat16": (8, 127, -133, 3.3895313892515355e38),
+    "float32": (24, 127, -149, 3.4028234663852886e38),
+    "float64": (53, 1023, -1074, 1.7976931348623157e308),
+}
+"""Significand bits (with the implicit one), largest exponent, exponent of the smallest
+subnormal and largest finite value of the float dtypes."""
+
+
+def _dtype_name(value: Any) -> str:
+    """A dtype as numpy names it (``dtype()``'s names): from a name, an ONNX dtype code
+    (a Cast's ``to``) or a value."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        try:
+            dtype = ir.DataType(int(value))
+        except ValueError:
+            raise NoMatch(f"{value} is not an ONNX dtype code") from None
+        if dtype == ir.DataType.BFLOAT16:
+            return "bfloat16"
+        try:
+            return np.dtype(dtype.numpy()).name
+        except TypeError:
+            raise NoMatch(f"dtype {dtype.name} has no numpy equivalent") from None
+    if isinstance(value, ir.Value):
+        return _dtype_of(value)
+    raise NoMatch("expected a dtype name, an ONNX dtype code or a value")
+
+
+def _fn_casts_exactly(src: Any, dst: Any) -> bool:
+    """Whether every value of dtype ``src`` is exactly representable in dtype ``dst``, so
+    that a Cast to dst and back is the identity: float32 -> float64 -> float32 is,
+    float32 -> float16 -> float32 is not (it rounds, overflows to inf, flushes tiny values).
+
+    Integers (and bool as 0/1) fit a wider integer range or a float whose significand
+    holds them (int8 and uint8 in float16, int16 in float32, int32 in float64); a float
+    fits a float with at least its significand bits and exponent range. Anything else
+    (float -> int, int64 -> float64, float16 <-> bfloat16, float8, strings) is not exact.
+    """
+    source, target = _dtype_name(src), _dtype_name(dst)
+    if source == target:
+        return True
+    if source in _INT_RANGES:
+        low, high = _INT_RANGES[source]
+        if target in _INT_RANGES:
+            target_low, target_high = _INT_RANGES[target]
+            return target_low <= low and high <= target_high
+        if target in _FLOAT_FORMATS:
+            return max(-low, high) <= 2 ** _FLOAT_FORMATS[target][0]
+        return False
+    if source in _FLOAT_FORMATS and target in _FLOAT_FORMATS:
+        bits, high, tiny, _ = _FLOAT_FORMATS[source]
+        target_bits, target_high, target_tiny, _ = _FLOAT_FORMATS[target]
+        return target_bits >= bits and target_high >= high and target_tiny <= tiny
+    return False
+
+
+def _dims(value: Any, what: str) -> list[int | str]:
+    """Dims of a shape given as a list (``shape(x)``: ints and symbolic names) or as a
+    constant 1-D int tensor (e.g. Expand's shape input)."""
+    if isinstance(value, (list, tuple)) and all(
+        isinstance(d, str) or (isinstance(d, (int, np.integer)) and not isinstance(d, bool))
+        for d in value
+    ):
+        if len(value) > MAX_RANK:
+            raise NoMatch(f"{what} has more than {MAX_RANK} dims")
+        dims = [d if isinstance(d, str) else int(d) for d in value]
+    else:
+        dims = list(_int_list(value, what))
+    if any(isinstance(d, int) and d < 0 for d in dims):
+        raise NoMatch(f"{what} has a negative dim")
+    return dims
+
+
+def _fn_broadcast_shape(a: Any, b: Any) -> tuple[int | str, ...]:
+    """The shape two shapes broadcast to (numpy/ONNX multidirectional broadcasting).
+
+    Shapes are lists of dims (``shape(x)``, symbolic dims as names) or constant 1-D int
+    tensors: ``Expand(x, s)`` returns x unchanged exactly when
+    ``broadcast_shape(shape(x), s) == shape(x)``. A symbolic dim against a static dim
+    other than 1 could be either, so that does not match; incompatible static dims do
+    not match either (the op would fail).
+    """
+    first, second = _dims(a, "first shape"), _dims(b, "second shape")
+    out: list[int | str] = []
+    for i in range(1, max(len(first), len(second)) + 1):
+        x = first[-i] if i <= len(first) else 1
+        y = second[-i] if i <= len(second) else 1
+        if x == y or y == 1:
+            out.append(x)
+        elif x == 1:
+            out.append(y)
+        elif isinstance(x, int) and isinstance(y, int):
+            raise NoMatch(f"dims {x} and {y} do not broadcast")
+        else:
+            raise NoMatch(f"dims {x} and {y}: the result depends on a symbolic dim")
+    return tuple(reversed(out))
+
+
+SLICE_TO_END = 2**31 - 1
+"""An end at least this large takes a symbolic dim to its end (exporters write INT64_MAX
+or INT32_MAX for "to the end")."""
+
+
+def _fn_slice_is_full(value: Any, starts: Any, ends: Any, axes: Any = None,
+                      steps: Any = None) -> bool:
+    """Whether ``Slice(value, starts, ends, axes, steps)`` returns value unchanged: on every
+    sliced axis the step is 1, the start clamps to 0 and the end clamps to the dim.
+
+    Works for the input form (opset >= 10) and the attribute form (lists). A symbolic dim
+    is taken whole only with start 0 and an end of at least 2^31-1; an unknown dim or
+    rank does not match.
+    """
+    dims = _shape_of_known_rank(value)
+    rank = len(dims)
+    begin, end = _int_list(starts, "starts"), _int_list(ends, "ends")
+    where = list(range(len(begin))) if axes is None else _int_list(axes, "axes")
+    step = [1] * len(begin) if steps is None else _int_list(steps, "steps")
+    if not len(begin) == len(end) == len(where) == len(step):
+        raise NoMatch("starts, ends, axes and steps differ in length")
+    seen: set[int] = set()
+    for b, e, axis, s in zip(begin, end, where, step, strict=True):
+        axis = axis + rank if axis < 0 else axis
+        if not 0 <= axis < rank or axis in seen:
+            raise NoMatch(f"bad or repeated slice axis {axis}")
+        seen.add(axis)
+        if s != 1:
+            return False
+        dim = dims[axis]
+        if isinstance(dim, int):
+            first = min(max(b + dim if b < 0 else b, 0), dim)
+            last = min(max(e + dim if e < 0 else e, 0), dim)
+            if first != 0 or last != dim:
+                return False
+        elif dim is None:
+            raise NoMatch(f"dim {axis} is unknown")
+        elif b != 0 or e < SLICE_TO_END:
+            return False
+    return True
+
+
+def _fn_fits_dtype(value: Any, like: Any) -> bool:
+    """Whether a constant computed while folding (numpy works in float32 even for float16
+    models) survives the cast to ``like``'s dtype (a value, a dtype name or an ONNX
+    code): finite and within the float range, or within the integer range. Folding
+    two constants into one must not create an inf (300 * 300 in float16) or a NaN that
+    neither original had."""
+    name = _dtype_name(like)
+    array = np.asarray(to_array(value))
+    if array.size > MAX_ELEMENTS:
+        raise NoMatch("fits_dtype() of a huge constant")
+    if name in _FLOAT_FORMATS:
+        if array.dtype.kind not in "biuf":
+            return False
+        values = array.astype(np.float64)
+        return bool(np.all(np.isfinite(values)) and
+                    np.all(np.abs(values) <= _FLOAT_FORMATS[name][3]))
+    if name in _INT_RANGES:
+        if array.dtype.kind not in "biu":
+            return False
+        low, high = _INT_RANGES[name]
+        return bool(array.size == 0 or (int(array.min()) >= low and int(array.max()) <= high))
+    return False
+
+
+def _fn_num_outputs(value: Any) -> int:
+    """How many outputs the node that produced a matched value has (an output with an
+    empty name is absent). A pattern statement with one output also matches a node with
+    more when they are unused, but some ops change meaning with their output count:
+    BatchNormalization before opset 14 computes in training mode when it has its
+    running-statistics outputs."""
+    if not isinstance(value, ir.Value):
+        raise NoMatch("num_outputs() needs a value of the match")
+    node = value.producer()
+    if node is None:
+        raise NoMatch(f"{value.name or 'value'} is not produced by a node")
+    return sum(1 for out in node.outputs if out.name != "")
+
+
+# --------------------------------------------- fully connected (rules/20-linear.yaml)
+
+
+def _fn_ndim(value: Any) -> int:
+    """The rank of a value, also when some of its dims are unknown (``rank`` needs them
+    all): the linear rules only need to know where the feature axis is, and exporters
+    often leave batch and sequence dims unnamed after a dynamic Reshape."""
+    if isinstance(value, ir.Value):
+        tensor = _const_tensor(value)
+        if tensor is not None:
+            return len(tensor.shape)
+        if value.shape is None:
+            raise NoMatch(f"rank of {value.name or 'a value'} is unknown")
+        return len(value.shape)
+    if value is None:
+        raise NoMatch("rank of an absent value")
+    return int(np.ndim(value))
+
+
+def _partial_dims(value: Any) -> list[int | str | None]:
+    """Dims of a value with None for an unknown dim (``shape`` refuses those)."""
+    if isinstance(value, ir.Value) and _const_tensor(value) is None:
+        if value.shape is None:
+            raise NoMatch(f"shape of {value.name or 'a value'} is unknown")
+        return [d if isinstance(d, int) else (None if d.value is None else str(d.value))
+                for d in value.shape]
+    return list(_shape_of(value))
+
+
+def _fn_broadcasts_into(small: Any, big: Any) -> bool:
+    """Whether ``small`` broadcasts to ``big`` without enlarging it, when ``big`` may have
+    unknown dims: each dim of ``small`` is 1 or equals ``big``'s dim, and an unknown dim of
+    ``big`` only takes a 1 (so a bias can never silently grow the output)."""
+    a, b = _partial_dims(small), _partial_dims(big)
+    if len(a) > len(b) or any(d is None for d in a):
+        return False
+    return all(x == 1 or (y is not None and x == y)
+               for x, y in zip(reversed(a), reversed(b), strict=False))
+
+
+def _fn_producer_op(value: Any) -> str:
+    """The op type of the node producing a value, "" for graph inputs and initializers. Input
+    side folds use it to leave the affine tail of a decomposed LayerNorm, RMSNorm or GELU
+    (an input produced by Mul/Div) to the fusion that takes the whole pattern."""
+    if not isinstance(value, ir.Value):
+        raise NoMatch("producer_op() needs a value of the match")
+    node = value.producer()
+    if node is None:
+        return ""
+    return node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
 
 
 FUNCTIONS: dict[str, Callable[..., Any]] = {
@@ -797,8 +1075,19 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     "itemsize": _fn_itemsize,
     "lift_rank": _fn_lift_rank,
     "near": _fn_near,
+    "is_scalar_const": _fn_is_scalar_const,
     "same_rank": _fn_same_rank,
     "single_axis": _fn_single_axis,
+    "is_graph_output": _fn_is_graph_output,
+    "casts_exactly": _fn_casts_exactly,
+    "broadcast_shape": _fn_broadcast_shape,
+    "slice_is_full": _fn_slice_is_full,
+    "fits_dtype": _fn_fits_dtype,
+    "num_outputs": _fn_num_outputs,
+    "ndim": _fn_ndim,
+    "broadcasts_into": _fn_broadcasts_into,
+    "producer_op": _fn_producer_op,
+    "prod": _fn_prod,
 }
 """Every function an expression may call. Casts mark their result as explicitly typed."""
 

@@ -1,0 +1,152 @@
+"""Tests for the expression functions the fully-connected rules (rules/20-linear.yaml) add:
+ndim, broadcasts_into and producer_op."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+import pytest
+
+from fusectl import expr
+from fusectl.expr import NoMatch, parse
+
+ndim = expr.FUNCTIONS["ndim"]
+broadcasts_into = expr.FUNCTIONS["broadcasts_into"]
+producer_op = expr.FUNCTIONS["producer_op"]
+
+
+def _const(name: str, array: np.ndarray) -> ir.Value:
+    return ir.Value(
+        name=name,
+        const_value=ir.tensor(array),
+        type=ir.TensorType(ir.DataType.from_numpy(array.dtype)),
+        shape=ir.Shape(array.shape),
+    )
+
+
+def _activation(name: str, dims: list[int | str | None] | None) -> ir.Value:
+    shape = None if dims is None else ir.Shape(dims)
+    return ir.Value(name=name, type=ir.TensorType(ir.DataType.FLOAT), shape=shape)
+
+
+# ------------------------------------------------------------------------------ ndim
+
+
+def test_ndim_counts_unknown_dims_that_rank_refuses() -> None:
+    y = _activation("y", [None, None, 8])
+    assert ndim(y) == 3
+    with pytest.raises(NoMatch):
+        expr.FUNCTIONS["rank"](y)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (_activation("y", ["N", 5, 8]), 3),
+        (_activation("y", []), 0),
+        (_const("w", np.zeros((16, 8), np.float32)), 2),
+        (_const("s", np.float32(2.0)), 0),
+        (np.zeros((2, 3, 4)), 3),
+        (1.5, 0),
+    ],
+)
+def test_ndim_of_known_ranks(value: object, expected: int) -> None:
+    assert ndim(value) == expected
+
+
+@pytest.mark.parametrize("value", [None, _activation("y", None)])
+def test_ndim_without_a_shape_is_no_match(value: object) -> None:
+    with pytest.raises(NoMatch):
+        ndim(value)
+
+
+# ------------------------------------------------------------------- broadcasts_into
+
+
+@pytest.mark.parametrize(
+    ("small", "big"),
+    [
+        ((8,), [None, None, 8]),
+        ((1, 8), [None, 8]),
+        ((), [None, 8]),
+        ((1,), [None, None]),
+        ((1, 1, 8), ["B", "T", 8]),
+        ((5, 1), ["B", 5, 8]),
+        ((4, 8), [4, 8]),
+    ],
+)
+def test_broadcasts_into_accepts_what_keeps_the_shape(small: tuple, big: list) -> None:
+    bias = _const("b", np.ones(small, np.float32))
+    assert broadcasts_into(bias, _activation("y", big)) is True
+
+
+@pytest.mark.parametrize(
+    ("small", "big"),
+    [
+        ((3, 1, 8), [4, 8]),  # adds a leading axis
+        ((8,), [4, 1]),  # widens a single column
+        ((4, 1), [None, 8]),  # rows against unknown rows: cannot be proven equal
+        ((5, 8), ["N", 8]),  # rows against a symbolic dim
+        ((7,), [None, 8]),  # mismatch
+    ],
+)
+def test_broadcasts_into_refuses_growth_or_doubt(small: tuple, big: list) -> None:
+    bias = _const("b", np.ones(small, np.float32))
+    assert broadcasts_into(bias, _activation("y", big)) is False
+
+
+def test_broadcasts_into_matches_equal_symbolic_dims() -> None:
+    assert broadcasts_into(_activation("r", ["N", 8]), _activation("y", ["N", 8])) is True
+    assert broadcasts_into(_activation("r", ["M", 8]), _activation("y", ["N", 8])) is False
+
+
+def test_broadcasts_into_refuses_a_small_side_with_unknown_dims() -> None:
+    assert broadcasts_into(_activation("r", [None, 8]), _activation("y", [None, 8])) is False
+
+
+def test_broadcasts_into_without_a_shape_is_no_match() -> None:
+    with pytest.raises(NoMatch):
+        broadcasts_into(_const("b", np.ones(8, np.float32)), _activation("y", None))
+
+
+# ----------------------------------------------------------------------- producer_op
+
+
+def _output_of(domain: str, op_type: str) -> ir.Value:
+    x = _activation("x", [2, 8])
+    return ir.Node(domain, op_type, [x], num_outputs=1).outputs[0]
+
+
+@pytest.mark.parametrize(
+    ("domain", "op", "expected"),
+    [("", "Div", "Div"), ("ai.onnx", "Mul", "Mul"),
+     ("com.microsoft", "FusedMatMul", "com.microsoft.FusedMatMul")],
+)
+def test_producer_op_names_the_producing_node(domain: str, op: str, expected: str) -> None:
+    assert producer_op(_output_of(domain, op)) == expected
+
+
+def test_producer_op_of_inputs_and_initializers_is_empty() -> None:
+    assert producer_op(_activation("x", [2, 8])) == ""
+    assert producer_op(_const("w", np.ones(3, np.float32))) == ""
+
+
+@pytest.mark.parametrize("value", [None, 1.0, "Div", np.zeros(2)])
+def test_producer_op_of_a_non_value_is_no_match(value: object) -> None:
+    with pytest.raises(NoMatch):
+        producer_op(value)
+
+
+def test_functions_are_usable_in_rule_expressions() -> None:
+    condition = parse(
+        'producer_op(x) not in ["Mul", "Div"] and ndim(y) == 3 and broadcasts_into(b, y)',
+        ["x", "y", "b"],
+    )
+    env = {
+        "x": _activation("x", [2, 5, 16]),
+        "y": _activation("y", [None, 5, 8]),
+        "b": _const("b", np.ones(8, np.float32)),
+    }
+    assert condition.evaluate(env) is True
+    env["x"] = _output_of("", "Div")
+    assert condition.evaluate(env) is False
