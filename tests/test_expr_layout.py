@@ -1,0 +1,240 @@
+"""Tests for the expression functions of the layout rules (rules/50-layout.yaml).
+
+Each function is checked against numpy doing the same thing the hard way: a reduction
+moved above a Transpose, merged Squeezes/Unsqueezes, a Transpose that is a Reshape.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+import pytest
+
+from fusectl import expr
+from fusectl.expr import NoMatch
+
+LAYOUT_FUNCTIONS = [
+    "norm_axes", "permute_axes", "reduced_perm", "fill_reshape_zeros", "moves_unit_dims_only",
+    "transposed_shape", "is_noop_reshape", "squeezed_axes", "merge_unsqueeze_axes",
+    "merge_squeeze_axes", "itemsize", "lift_rank",
+]
+
+
+def _const(name: str, array: np.ndarray) -> ir.Value:
+    return ir.Value(name=name, const_value=ir.tensor(array),
+                    type=ir.TensorType(ir.DataType.from_numpy(array.dtype)),
+                    shape=ir.Shape(array.shape))
+
+
+def _dynamic(name: str, dims: list[int | str | None],
+             dtype: ir.DataType = ir.DataType.FLOAT) -> ir.Value:
+    return ir.Value(name=name, type=ir.TensorType(dtype), shape=ir.Shape(dims))
+
+
+def ev(source: str, **env: Any) -> Any:
+    return expr.parse(source, env.keys()).evaluate(env)
+
+
+def fn(name: str) -> Any:
+    return expr.FUNCTIONS[name]
+
+
+def test_functions_are_registered() -> None:
+    assert set(LAYOUT_FUNCTIONS) <= set(expr.FUNCTIONS)
+
+
+# ------------------------------------------------------------------------------ axes
+
+
+def test_norm_axes() -> None:
+    assert fn("norm_axes")([-1, 0], 3) == [0, 2]
+    assert fn("norm_axes")(_const("a", np.array([2, -3], np.int64)), 4) == [1, 2]
+    assert fn("norm_axes")([], 2) == []
+    assert fn("norm_axes")([1], _dynamic("x", ["N", None, 3])) == [1]  # unknown dim is fine
+    for bad in ([3], [-4], [0, -3]):
+        with pytest.raises(NoMatch):
+            fn("norm_axes")(bad, 3)
+    with pytest.raises(NoMatch):
+        fn("norm_axes")(None, 3)
+    with pytest.raises(NoMatch):
+        fn("norm_axes")(_dynamic("a", [1], ir.DataType.INT64), 3)  # not a constant
+    with pytest.raises(NoMatch):
+        fn("norm_axes")([0.5], 3)
+
+
+def _reduce_cases() -> list[tuple[list[int], list[int] | None, int]]:
+    cases = []
+    for rank in (1, 2, 3, 4):
+        for perm in itertools.permutations(range(rank)):
+            for count in range(rank + 1):
+                for axes in itertools.combinations(range(rank), count):
+                    for keepdims in (0, 1):
+                        cases.append((list(perm), list(axes) or None, keepdims))
+    return cases
+
+
+@pytest.mark.parametrize("case", _reduce_cases()[::7])
+def test_reduction_moved_above_a_transpose(case: tuple[list[int], Any, int]) -> None:
+    """sum(transpose(x, p), axes) == transpose(sum(x, permute_axes(p, axes)), reduced_perm)."""
+    perm, axes, keepdims = case
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 3, 4, 5)[: len(perm)])
+    expected = np.sum(np.transpose(x, perm), axis=None if axes is None else tuple(axes),
+                      keepdims=bool(keepdims))
+    inner = None if axes is None else tuple(fn("permute_axes")(perm, axes))
+    moved = np.transpose(np.sum(x, axis=inner, keepdims=bool(keepdims)),
+                         fn("reduced_perm")(perm, axes, keepdims))
+    assert moved.shape == expected.shape
+    np.testing.assert_allclose(moved, expected, rtol=1e-12)
+
+
+def test_reduced_perm_examples() -> None:
+    assert fn("reduced_perm")([0, 2, 3, 1], [1, 2], 1) == [0, 2, 3, 1]
+    assert fn("reduced_perm")([0, 3, 1, 2], [-1], 0) == [0, 2, 1]
+    assert fn("reduced_perm")([2, 0, 1], None, 1) == [0, 1, 2]  # all ones: no reorder
+    assert fn("reduced_perm")([2, 0, 1], [], 0) == []  # empty axes: every axis
+    assert fn("reduced_perm")([1, 0], _const("a", np.array([0], np.int64)), 0) == [0]
+    assert fn("permute_axes")([0, 2, 3, 1], _const("a", np.array([-1], np.int64))) == [1]
+    with pytest.raises(NoMatch):
+        fn("reduced_perm")([0, 0, 1], [0], 1)
+    with pytest.raises(NoMatch):
+        fn("permute_axes")([1, 0], [2])
+
+
+# --------------------------------------------------------------------- squeeze merges
+
+
+def test_squeezed_axes() -> None:
+    assert fn("squeezed_axes")([-1], _dynamic("x", ["N", 3, 1])) == [2]
+    assert fn("squeezed_axes")(None, _dynamic("x", [1, 3, 1])) == [0, 2]
+    with pytest.raises(NoMatch):  # a symbolic dim may be 1 at run time
+        fn("squeezed_axes")(None, _dynamic("x", [1, "N"]))
+
+
+@pytest.mark.parametrize("rank", [1, 2, 3])
+def test_merge_unsqueeze_axes_matches_numpy(rank: int) -> None:
+    x = np.zeros((2, 3, 4)[:rank])
+    for first_count, second_count in [(1, 1), (2, 1), (1, 2)]:
+        mid_rank = rank + first_count
+        for first in itertools.combinations(range(-mid_rank, mid_rank), first_count):
+            if len({a % mid_rank for a in first}) != first_count:
+                continue
+            end_rank = mid_rank + second_count
+            for second in itertools.combinations(range(end_rank), second_count):
+                y = np.expand_dims(np.expand_dims(x, first), second)
+                merged = fn("merge_unsqueeze_axes")(list(first), list(second), rank)
+                assert np.expand_dims(x, merged).shape == y.shape
+
+
+def test_merge_squeeze_axes_matches_numpy() -> None:
+    x = np.zeros((1, 2, 1, 3, 1))
+    ones = [0, 2, 4]
+    for count in (1, 2):
+        for first in itertools.combinations(ones, count):
+            y = np.squeeze(x, first)
+            y_ones = [i for i, d in enumerate(y.shape) if d == 1]
+            for second in itertools.chain.from_iterable(
+                itertools.combinations(y_ones, n) for n in range(1, len(y_ones) + 1)
+            ):
+                merged = fn("merge_squeeze_axes")(list(first), list(second),
+                                                  _dynamic("x", list(x.shape)))
+                assert np.squeeze(x, tuple(merged)).shape == np.squeeze(y, second).shape
+    assert fn("merge_squeeze_axes")([0], [-1], 5) == [0, 4]
+
+
+# ------------------------------------------------------------------------- reshapes
+
+
+def test_fill_reshape_zeros() -> None:
+    shape = _const("s", np.array([0, 2, -1], np.int64))
+    out = fn("fill_reshape_zeros")(shape, _dynamic("y", [6, 4]), 0)
+    assert out.dtype == np.int64 and out.tolist() == [6, 2, -1]
+    assert fn("fill_reshape_zeros")(shape, _dynamic("y", [6, 4]), 1) is shape  # literal zeros
+    plain = _const("s", np.array([4, -1], np.int64))
+    assert fn("fill_reshape_zeros")(plain, _dynamic("y", ["N", 4]), None) is plain
+    runtime = _dynamic("s", [2], ir.DataType.INT64)
+    assert fn("fill_reshape_zeros")(runtime, _dynamic("y", [6, 4]), 1) is runtime
+    with pytest.raises(NoMatch):  # the copied dim is symbolic
+        fn("fill_reshape_zeros")(shape, _dynamic("y", ["N", 4]), 0)
+    with pytest.raises(NoMatch):  # a copied 0-size dim would read as "copy" again
+        fn("fill_reshape_zeros")(shape, _dynamic("y", [0, 4]), 0)
+    with pytest.raises(NoMatch):
+        fn("fill_reshape_zeros")(runtime, _dynamic("y", [6, 4]), 0)
+
+
+def _unit_moving(dims: tuple[int, ...]) -> list[list[int]]:
+    return [list(p) for p in itertools.permutations(range(len(dims)))
+            if fn("moves_unit_dims_only")(list(p), _dynamic("x", list(dims)))]
+
+
+@pytest.mark.parametrize("dims", [(2, 1, 3), (1, 4, 1, 5), (1, 1, 2), (3, 4)])
+def test_unit_dim_transposes_are_reshapes(dims: tuple[int, ...]) -> None:
+    x = np.arange(int(np.prod(dims))).reshape(dims)
+    for perm in itertools.permutations(range(len(dims))):
+        moves_units = fn("moves_unit_dims_only")(list(perm), _dynamic("x", list(dims)))
+        target = fn("transposed_shape")(list(perm), _dynamic("x", list(dims)))
+        same = np.array_equal(np.transpose(x, perm), x.reshape(target))
+        assert moves_units == same, perm
+
+
+def test_transposed_shape_symbolic() -> None:
+    value = _dynamic("y", ["N", 1, 6])
+    assert fn("moves_unit_dims_only")([1, 0, 2], value)
+    assert not fn("moves_unit_dims_only")([2, 1, 0], value)
+    assert fn("transposed_shape")([1, 0, 2], value).tolist() == [1, -1, 6]
+    with pytest.raises(NoMatch):
+        fn("transposed_shape")([1, 0, 2], _dynamic("y", ["N", 1, "M"]))
+    with pytest.raises(NoMatch):
+        fn("transposed_shape")([1, 0, 2], _dynamic("y", [0, 1, 6]))
+    with pytest.raises(NoMatch):
+        fn("moves_unit_dims_only")([1, 0], value)
+
+
+def test_is_noop_reshape() -> None:
+    s = lambda *dims: _const("s", np.array(dims, np.int64))  # noqa: E731
+    assert fn("is_noop_reshape")(_dynamic("x", [2, 3, 4]), s(2, 3, 4), 0)
+    assert fn("is_noop_reshape")(_dynamic("x", ["N", 3, 4]), s(0, 3, -1), 0)
+    assert fn("is_noop_reshape")(_dynamic("x", ["N", 3, 4]), s(-1, 3, 4), 0)
+    assert not fn("is_noop_reshape")(_dynamic("x", ["N", 3, 4]), s(0, 3, -1), 1)
+    assert not fn("is_noop_reshape")(_dynamic("x", ["N", "M"]), s(-1, 12), 0)
+    assert not fn("is_noop_reshape")(_dynamic("x", [2, 3, 4]), s(3, 2, 4), 0)
+    assert not fn("is_noop_reshape")(_dynamic("x", [2, 3, 4]), s(-1, -1, 4), 0)
+    assert not fn("is_noop_reshape")(_dynamic("x", [2, 12]), s(2, 3, 4), 0)
+    assert not fn("is_noop_reshape")(_dynamic("x", [0, 3]), s(0, -1), 0)
+    assert fn("is_noop_reshape")(_dynamic("x", ["N", None]), s(0, 0), None)
+    with pytest.raises(NoMatch):
+        fn("is_noop_reshape")(_dynamic("x", [2]), _dynamic("s", [1], ir.DataType.INT64))
+
+
+# ---------------------------------------------------------------------------- others
+
+
+def test_itemsize() -> None:
+    assert fn("itemsize")(10) == 2.0  # FLOAT16
+    assert fn("itemsize")(1) == 4.0
+    assert fn("itemsize")(_dynamic("x", [2], ir.DataType.DOUBLE)) == 8.0
+    assert fn("itemsize")(_const("c", np.zeros(2, np.int8))) == 1.0
+    assert ev("itemsize(to) <= itemsize(x)", to=10, x=_dynamic("x", [2]))
+    with pytest.raises(NoMatch):
+        ev("itemsize(to)", to=12345)
+    with pytest.raises(NoMatch):
+        fn("itemsize")("float")
+    with pytest.raises(NoMatch):
+        fn("itemsize")(_dynamic("s", [2], ir.DataType.STRING))
+
+
+def test_lift_rank_then_transpose_is_the_broadcast_constant() -> None:
+    c = _const("c", np.arange(3, dtype=np.float16))
+    lifted = fn("lift_rank")(c, 4)
+    assert lifted.shape == (1, 1, 1, 3)
+    perm = [0, 2, 3, 1]
+    x = np.random.default_rng(0).standard_normal((2, 3, 4, 5)).astype(np.float32)
+    c2 = ev("transpose(lift_rank(c, len(p)), inverse_perm(p))", c=c, p=perm)
+    np.testing.assert_array_equal(np.transpose(x + c2, perm),
+                                  np.transpose(x, perm) + np.arange(3, dtype=np.float32))
+    assert fn("lift_rank")(2.0, 2).shape == (1, 1)
+    with pytest.raises(NoMatch):
+        fn("lift_rank")(_const("c", np.zeros((1, 2, 3), np.float32)), 2)
