@@ -15,6 +15,7 @@ from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.text import Text
 
 from . import __version__
 from .errors import BadInputError, CheckFailedError, FusectlError, RuleFileError
@@ -193,18 +194,29 @@ def rules_show(rule_id: str, rule_paths: tuple[Path, ...]) -> None:
         rule = compiled.rule
         if rule.id != rule_id:
             continue
-        _stdout.print(f"[bold]{rule.id}[/bold]  ({rule.source})")
-        _stdout.print(rule.summary)
-        _stdout.print("[bold]match[/bold]")
+        def show(keyword: str, text: str) -> None:
+            _stdout.print(Text.assemble((keyword, "bold"), text))
+
+        show(rule.id, f"  ({rule.source})")
+        _stdout.print(rule.summary, markup=False)
+        if rule.group is not None:
+            show("group", f" shared={rule.group.shared} min={rule.group.min_size} key="
+                          f"{[k.source for k in rule.group.key]}")
+        show("match", "")
         for line in rule.match_text:
-            _stdout.print(f"  {line}", markup=False)
+            show("", f"  {line}")
         for cond in rule.where:
-            _stdout.print(f"[bold]where[/bold] {cond.expression.source}", markup=False)
+            show("where ", cond.expression.source)
         for binding in rule.let:
-            _stdout.print(f"[bold]let[/bold] {binding.name} = {binding.expression.source}")
-        _stdout.print("[bold]replace[/bold]")
+            show("let ", f"{binding.name} = {binding.expression.source}")
+        for binding in rule.merge:
+            show("merge ", f"{binding.name} = {binding.expression.source}")
+        if rule.fuse is not None:
+            show("fuse ", f"{rule.fuse} (fused kernel: one node + a local function)")
+        else:
+            show("replace", "")
         for line in rule.replace_text:
-            _stdout.print(f"  {line}", markup=False)
+            show("", f"  {line}")
         _stdout.print(f"{len(compiled.variants)} pattern variants; "
                       f"{len(rule.tests)} embedded tests")
         return
