@@ -877,7 +877,7 @@ def test_conv_bn_fold_shape() -> None:
 def test_gelu_erf_alternatives_expand_into_variants() -> None:
     rule = BY_ID["gelu-erf"]
     assert len(rule.match_variants) == 6
-    assert rule.captures == ("x",) and rule.outputs == ("z",)
+    assert rule.captures == ("x", "c", "r") and rule.outputs == ("z",)
     first_ops = [str(variant[0].op) for variant in rule.match_variants]
     assert sorted(first_ops) == ["Div"] * 3 + ["Mul"] * 3
     assert len({variant for variant in rule.match_variants}) == 6
