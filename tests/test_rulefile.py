@@ -867,7 +867,7 @@ def test_conv_bn_fold_shape() -> None:
                                                 OpRef("", "BatchNormalization")]
     assert rule.match[0].inputs[2] == Ref("B", optional=True)
     assert [b.name for b in rule.let] == ["s", "W2", "B2"]
-    assert len(rule.where) == 2 and all(c.message for c in rule.where)
+    assert len(rule.where) == 3 and all(c.message for c in rule.where)
     (replacement,) = rule.replace
     assert replacement.op == OpRef("", "Conv")
     assert replacement.copy_attrs_from == "y"
