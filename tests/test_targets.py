@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 
@@ -83,9 +84,10 @@ def test_two_bodies_of_one_kernel_become_overloads(tmp_path: Path) -> None:
     rules = api.load_rule_set(builtin=False, target=NPU, include=["npu-conv-relu"])
     model_text = """
         <ir_version: 8, opset_import: ["" : 17]>
-        g (float[1,3,8,8] x, float[4,3,3,3] W) => (float[1,4,6,6] a, float[1,4,6,6] b)
+        g (float[1,3,8,8] x, float[4,3,3,3] W, float[4,3,3,3] V)
+          => (float[1,4,6,6] a, float[1,4,6,6] b)
         <float lo = {0.0}, float hi = {6.0}>
-        { c = Conv(x, W)  a = Relu(c)  d = Conv(x, W)  b = Clip(d, lo, hi) }
+        { c = Conv(x, W)  a = Relu(c)  d = Conv(x, V)  b = Clip(d, lo, hi) }
     """
     proto = onnx.parser.parse_model(model_text)
     path = tmp_path / "m.onnx"
@@ -94,8 +96,10 @@ def test_two_bodies_of_one_kernel_become_overloads(tmp_path: Path) -> None:
     result = api.optimize(path, rules=rules, target=NPU, check=False)
     assert result.rewrite.applications == ()
     proto.graph.input.pop()
-    proto.graph.initializer.append(onnx.numpy_helper.from_array(
-        __import__("numpy").ones((4, 3, 3, 3), dtype="float32"), "W"))
+    proto.graph.input.pop()
+    for name, value in (("W", 1.0), ("V", 0.5)):
+        proto.graph.initializer.append(onnx.numpy_helper.from_array(
+            np.full((4, 3, 3, 3), value, dtype=np.float32), name))
     onnx.save(proto, path)
     result = api.optimize(path, rules=rules, target=NPU)
     assert result.passed
