@@ -159,6 +159,10 @@ def apply_rules(
                     def reject(node: ir.Node, reason: str, rule: CompiledRule = rule) -> None:
                         _reject(rejections, rule.id, node, reason)
                     for rewrite in rule.find_groups(model, graph, reject):
+                        more = _costs_traffic(rewrite, model, dims)
+                        if more and rule.rule.group.require_saving:
+                            reject(rewrite.root, more)
+                            continue
                         applications.append(
                             _apply(model, graph, rewrite, names, pass_number, dims)
                         )
@@ -268,6 +272,23 @@ def _apply(model: ir.Model, graph: ir.Graph, rewrite: Rewrite, names: _Names,
         bytes_after,
         pass_number,
     )
+
+
+def _costs_traffic(rewrite: Rewrite, model: ir.Model, dims: Mapping[str, int] | None
+                   ) -> str | None:
+    """Why a merge would move more bytes than the nodes it replaces (e.g. the Split copy
+    outweighs the reads of the shared input it saves), or None."""
+    for old, new in zip(rewrite.old_outputs, rewrite.new_outputs, strict=True):
+        if new.type is None and old.type is not None:
+            new.type = old.type
+        if new.shape is None and old.shape is not None:
+            new.shape = old.shape
+    _infer_new_shapes(rewrite.new_nodes, model)
+    before, after = _bytes(rewrite.matched_nodes, dims), _bytes(rewrite.new_nodes, dims)
+    if after > before:
+        return (f"merging {len(rewrite.old_outputs)} outputs would move more bytes "
+                f"({after:,} > {before:,}): the Split copy outweighs the saved reads")
+    return None
 
 
 def _infer_new_shapes(nodes: Sequence[ir.Node], model: ir.Model) -> None:

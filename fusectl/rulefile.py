@@ -126,6 +126,8 @@ class Group:
     min_size: int = 2
     key: tuple[expr.Expression, ...] = ()
     line: int = 0
+    require_saving: bool = True
+    """Apply only when the merge moves fewer bytes than its members (traffic model)."""
 
 
 @dataclass(frozen=True)
@@ -538,7 +540,7 @@ def _load_rule(node: _Node, problems: _Problems, target: TargetSpec | None = Non
     )
 
 
-_GROUP_KEYS = ("shared", "min", "key")
+_GROUP_KEYS = ("shared", "min", "key", "require_saving")
 MAX_GROUP_KEYS = 8
 
 
@@ -571,9 +573,15 @@ def _group(node: _Node | None, known: list[str] | None, captures: list[str],
                 parsed.append(expr.parse(item.value, known))
             except expr.ExprError as exc:
                 problems.add(item.line, f"group key: {exc}")
+    saving = True
+    if "require_saving" in keys:
+        if not isinstance(keys["require_saving"].value, bool):
+            problems.add(keys["require_saving"].line, "group: require_saving must be true/false")
+        else:
+            saving = keys["require_saving"].value
     if not shared:
         return None
-    return Group(shared, size, tuple(parsed), node.line)
+    return Group(shared, size, tuple(parsed), node.line, saving)
 
 
 def _fuse(node: _Node | None, target: TargetSpec | None, problems: _Problems) -> OpRef | None:

@@ -31,13 +31,7 @@ def infer_node(node: ir.Node, opsets: Mapping[str, int]) -> bool:
             ir.serde.serialize_shape_into(proto, value.shape)
         input_types[name] = proto
     try:
-        node_proto = ir.serde.serialize_node(node)
-        for index, value in enumerate(node.inputs):
-            if value is not None and not value.name:
-                node_proto.input[index] = f"__in{index}"
-        for index, value in enumerate(node.outputs):
-            if not value.name:
-                node_proto.output[index] = f"__out{index}"
+        node_proto = _serialize_with_names(node)
         inferred = onnx.shape_inference.infer_node_outputs(
             schema, node_proto, input_types, opset_imports=[
                 onnx.helper.make_opsetid(d, v) for d, v in opsets.items()
@@ -62,3 +56,18 @@ def infer_node(node: ir.Node, opsets: Mapping[str, int]) -> bool:
                     dims.append(None)
             value.shape = ir.Shape(dims)
     return True
+
+
+def _serialize_with_names(node: ir.Node) -> onnx.NodeProto:
+    """serialize_node needs named values; detached new nodes may have none yet."""
+    renamed = []
+    for prefix, values in (("__in", node.inputs), ("__out", node.outputs)):
+        for index, value in enumerate(values):
+            if value is not None and not value.name:
+                value.name = f"{prefix}{index}"
+                renamed.append(value)
+    try:
+        return ir.serde.serialize_node(node)
+    finally:
+        for value in renamed:
+            value.name = None

@@ -3,6 +3,8 @@ linear matching, and chained groups that feed each other."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 import onnx_ir as ir
@@ -12,7 +14,7 @@ from onnx import TensorProto, helper
 from fusectl.compile import CompiledRule, compile_rules
 from fusectl.prepare import prepare
 from fusectl.rewrite import apply_rules
-from fusectl.rulefile import load_rules
+from fusectl.rulefile import load_rule_text, load_rules
 from fusectl.ruletest import op_histogram
 from fusectl.validate import ValidationOptions, validate
 
@@ -24,7 +26,7 @@ def _rules(*ids: str) -> list[CompiledRule]:
     return [r for r in rules if r.id in ids]
 
 
-def _matmul_fan(n: int, width: int = 8, seed: int = 0) -> onnx.ModelProto:
+def _matmul_fan(n: int, width: int = 64, seed: int = 0) -> onnx.ModelProto:
     """x -> n MatMuls (different output widths) -> n graph outputs."""
     rng = np.random.default_rng(seed)
     nodes, inits, outputs = [], [], []
@@ -84,25 +86,54 @@ def test_matching_is_linear_in_nodes(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_groups_that_feed_each_other() -> None:
-    """x -> (a, b) and a -> (c, d): both groups merge, the second reading the Split."""
+    """x -> (a, b, e) and a -> (c, d, f): both groups merge, the second reading the Split."""
     rng = np.random.default_rng(1)
-    inits = [onnx.numpy_helper.from_array(rng.standard_normal((4, 4)).astype(np.float32), n)
-             for n in ("W1", "W2", "W3", "W4")]
+    shapes = {"W1": (64, 16), "W2": (64, 16), "W5": (64, 16),
+              "W3": (16, 4), "W4": (16, 4), "W6": (16, 4)}
+    inits = [onnx.numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), n)
+             for n, shape in shapes.items()]
     nodes = [
         helper.make_node("MatMul", ["x", "W1"], ["a"]),
         helper.make_node("MatMul", ["x", "W2"], ["b"]),
+        helper.make_node("MatMul", ["x", "W5"], ["e"]),
         helper.make_node("MatMul", ["a", "W3"], ["c"]),
         helper.make_node("MatMul", ["a", "W4"], ["d"]),
+        helper.make_node("MatMul", ["a", "W6"], ["f"]),
     ]
-    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 4]) for n in "bcd"]
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 16]) for n in "be"]
+    outs += [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 4]) for n in "cdf"]
     graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info(
-        "x", TensorProto.FLOAT, [2, 4])], outs, inits)
+        "x", TensorProto.FLOAT, [2, 64])], outs, inits)
     proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     model, result = _run(proto, _rules("matmul-sibling-merge"))
     assert op_histogram(model.graph) == {"MatMul": 2, "Split": 2}
     assert len(result.applications) == 2
+    assert all(app.bytes_saved > 0 for app in result.applications)
     onnx.checker.check_model(ir.to_proto(model), full_check=True)
     assert validate(ir.serde.deserialize_model(proto), model, ValidationOptions()).passed
+
+
+def test_merge_that_costs_traffic_is_refused_unless_allowed() -> None:
+    """Q/K/V-like siblings as wide as their input: the Split copy costs more than the
+    reads it saves, so the default rule refuses; ``require_saving: false`` merges."""
+    proto = _matmul_fan(3, width=4)
+    for node, init in zip(proto.graph.node, proto.graph.initializer, strict=True):
+        init.CopyFrom(onnx.numpy_helper.from_array(
+            np.ones((4, 4), dtype=np.float32), init.name))
+        proto.graph.output[list(proto.graph.node).index(node)].type.tensor_type.shape.dim[
+            1].dim_value = 4
+    model, result = _run(proto, _rules("matmul-sibling-merge"))
+    assert result.applications == ()
+    assert any("more bytes" in r.reason for r in result.rejections)
+    text = Path(SIBLINGS).read_text().replace(
+        'key: ["shape(W)[0]", "dtype(W)"]\n    match:\n      - y = MatMul(x, W)',
+        'key: ["shape(W)[0]", "dtype(W)"]\n      require_saving: false\n    match:\n'
+        '      - y = MatMul(x, W)')
+    assert "require_saving: false" in text
+    allowed = [r for r in compile_rules(load_rule_text(text, "siblings.yaml"))
+               if r.id == "matmul-sibling-merge"]
+    model, result = _run(proto, allowed)
+    assert len(result.applications) == 1 and result.applications[0].bytes_saved < 0
 
 
 def test_a_node_is_never_in_two_members() -> None:
