@@ -66,8 +66,13 @@ def prepare(model: ir.Model, *, fold: bool = True) -> PrepareResult:
     """
     before = _count_nodes(model)
     if fold:
+        # Shapes first: Shape/Size of statically shaped values (the runtime shape
+        # arithmetic exporters emit, e.g. attention's sqrt(head_dim)) fold only when
+        # the folder can see them.
+        ShapeInferencePass()(model)
         fold_constants(
             model,
+            onnx_shape_inference=True,
             input_size_limit=FOLD_INPUT_LIMIT,
             output_size_limit=FOLD_OUTPUT_LIMIT,
             should_fold=_fold_constant_of_shape,

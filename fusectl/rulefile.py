@@ -115,6 +115,9 @@ class RuleTest:
     rtol: float | None = None
     atol: float | None = None
     line: int = 0
+    fold: bool = True
+    """False: skip constant folding, for rules whose pattern the folder would remove
+    first (the rule still matters with --no-fold or where shapes appear only later)."""
 
 
 @dataclass(frozen=True)
@@ -797,7 +800,7 @@ def _when(node: _Node | None, problems: _Problems, target: TargetSpec | None = N
     return When(tuple(opsets), targets, tuple(imports))
 
 
-_TEST_KEYS = ("name", "model", "init", "expect", "rtol", "atol")
+_TEST_KEYS = ("name", "model", "init", "expect", "rtol", "atol", "fold")
 
 
 def _tests(node: _Node | None, problems: _Problems) -> list[RuleTest]:
@@ -835,8 +838,14 @@ def _tests(node: _Node | None, problems: _Problems) -> list[RuleTest]:
                     problems.add(keys[key].line, f"{key} must be a non-negative number")
                 else:
                     tol[key] = float(value)
+        fold = True
+        if "fold" in keys:
+            if not isinstance(keys["fold"].value, bool):
+                problems.add(keys["fold"].line, "fold must be true or false")
+            else:
+                fold = keys["fold"].value
         tests.append(RuleTest(name, model, expect, tuple(init_items), tol.get("rtol"),
-                              tol.get("atol"), item.line))
+                              tol.get("atol"), item.line, fold))
     return tests
 
 

@@ -173,7 +173,7 @@ def run_rule_test(rule: CompiledRule, test: RuleTest, *, seed: int = 0,
                            time.perf_counter() - start)
     model = ir.serde.deserialize_model(proto)
     detach_legacy_initializer_inputs(model)
-    prepare(model)
+    prepare(model, fold=test.fold)
     targets = [t for t in rule.rule.when.targets if t != "any"]
     result = apply_rules(model, [rule], target=target or (targets[0] if targets else "onnx"))
     fires = len(result.applications)
