@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,7 +84,10 @@ class CompiledRule:
             (spec.index, attr.name): expr.parse(attr.text, None)
             for spec in rule.replace for attr in spec.attrs
         }
-        self.root_ops = {v.root_op.op_type for v in self.variants}
+        self.variants_by_root: dict[tuple[str, str], list[_Variant]] = {}
+        for variant in self.variants:
+            root = (variant.root_op.domain, variant.root_op.op_type)
+            self.variants_by_root.setdefault(root, []).append(variant)
 
     @property
     def id(self) -> str:
@@ -113,22 +116,23 @@ class CompiledRule:
     def find(self, model: ir.Model, graph: ir.Graph | ir.Function, node: ir.Node
              ) -> Rewrite | None:
         """Try every variant rooted at ``node``; raise NoRewrite if a condition said no."""
-        if node.op_type not in self.root_ops:
-            return None
         reason: str | None = None
-        for variant in self.variants:
-            if variant.root_op.op_type != node.op_type or variant.root_op.domain != node.domain:
-                continue
-            match = variant.pattern.match(model, graph, node, check_nodes_are_removable=True)
-            if not match:
-                continue
+        for variant, match in self._structural_matches(model, graph, node):
             try:
                 return self._rewrite(model, graph, node, variant, match)
             except NoRewrite as exc:
-                reason = str(exc)
+                reason = reason or str(exc)  # the variant as written, not a commuted one
         if reason is not None:
             raise NoRewrite(reason)
         return None
+
+    def _structural_matches(self, model: ir.Model, graph: ir.Graph | ir.Function,
+                            node: ir.Node) -> Iterator[tuple[_Variant, Any]]:
+        """The variants rooted at ``node``'s op whose structure matches there."""
+        for variant in self.variants_by_root.get((node.domain, node.op_type), ()):
+            match = variant.pattern.match(model, graph, node, check_nodes_are_removable=True)
+            if match:
+                yield variant, match
 
     # ----------------------------------------------------------- after a match
     def _rewrite(self, model: ir.Model, graph: ir.Graph | ir.Function, root: ir.Node,
@@ -201,7 +205,7 @@ class CompiledRule:
         members: dict[tuple[Any, ...], list[_Member]] = {}
         claimed: set[int] = set()
         for node in graph:
-            if node.op_type not in self.root_ops:
+            if (node.domain, node.op_type) not in self.variants_by_root:
                 continue
             try:
                 member = self._member(model, graph, node)
@@ -229,16 +233,11 @@ class CompiledRule:
         group = self.rule.group
         assert group is not None
         reason: str | None = None
-        for variant in self.variants:
-            if variant.root_op.op_type != node.op_type or variant.root_op.domain != node.domain:
-                continue
-            match = variant.pattern.match(model, graph, node, check_nodes_are_removable=True)
-            if not match:
-                continue
+        for variant, match in self._structural_matches(model, graph, node):
             try:
                 env, producer_of = self._bind(model, graph, variant, match)
             except NoRewrite as exc:
-                reason = str(exc)
+                reason = reason or str(exc)
                 continue
             shared = env.get(group.shared)
             if not isinstance(shared, ir.Value):
@@ -246,7 +245,7 @@ class CompiledRule:
             try:
                 extra = tuple(_hashable(k.evaluate(env)) for k in group.key)
             except expr.NoMatch as exc:
-                reason = f"group key: {exc}"
+                reason = reason or f"group key: {exc}"
                 continue
             nodes = list(match.nodes)
             signature = tuple(sorted((n.domain, n.op_type, _attr_signature(n)) for n in nodes))

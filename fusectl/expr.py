@@ -132,7 +132,8 @@ def _fn_is_const(*values: Any) -> bool:
 
 
 def _fn_rank(value: Any) -> int:
-    return len(_shape_of(value))
+    """The rank; known even when some dims are not (exporters leave batch dims unnamed)."""
+    return len(_shape_of_known_rank(value))
 
 
 def _fn_shape(value: Any) -> tuple[int | str, ...]:
@@ -719,20 +720,6 @@ def _fn_is_scalar_const(*values: Any) -> bool:
     return all(v is None or (is_constant(v) and _fn_size(v) == 1) for v in values)
 
 
-def _known_rank(value: Any) -> int:
-    """The rank of a value, also when some of its dims are unknown."""
-    if isinstance(value, ir.Value):
-        tensor = _const_tensor(value)
-        if tensor is not None:
-            return len(tensor.shape)
-        if value.shape is None:
-            raise NoMatch(f"rank of {value.name or 'a value'} is unknown")
-        return len(value.shape)
-    if value is None:
-        raise NoMatch("rank of an absent value")
-    return int(np.ndim(value))
-
-
 def _fn_same_rank(a: Any, b: Any) -> bool:
     """Whether two values have the same known rank (their dims may be unknown).
 
@@ -740,7 +727,7 @@ def _fn_same_rank(a: Any, b: Any) -> bool:
     when its output has the input's rank (a constant of higher rank would add dims), so
     ``same_rank(z, x)`` checks at once every literal of a pattern before it becomes a
     single op on x."""
-    return _known_rank(a) == _known_rank(b)
+    return _fn_rank(a) == _fn_rank(b)
 
 
 def _fn_single_axis(axes: Any, like: Any) -> int:
@@ -752,7 +739,7 @@ def _fn_single_axis(axes: Any, like: Any) -> int:
     values = np.ravel(np.asarray(to_array(axes, "axes")))
     if values.size != 1 or values.dtype.kind not in "iu":
         raise NoMatch(f"the reduction runs over {values.size} axes, not one")
-    rank = _known_rank(like)
+    rank = _fn_rank(like)
     axis = int(values[0])
     axis = axis + rank if axis < 0 else axis
     if not 0 <= axis < rank:
@@ -970,37 +957,11 @@ def _fn_num_outputs(value: Any) -> int:
 # --------------------------------------------- fully connected (rules/20-linear.yaml)
 
 
-def _fn_ndim(value: Any) -> int:
-    """The rank of a value, also when some of its dims are unknown (``rank`` needs them
-    all): the linear rules only need to know where the feature axis is, and exporters
-    often leave batch and sequence dims unnamed after a dynamic Reshape."""
-    if isinstance(value, ir.Value):
-        tensor = _const_tensor(value)
-        if tensor is not None:
-            return len(tensor.shape)
-        if value.shape is None:
-            raise NoMatch(f"rank of {value.name or 'a value'} is unknown")
-        return len(value.shape)
-    if value is None:
-        raise NoMatch("rank of an absent value")
-    return int(np.ndim(value))
-
-
-def _partial_dims(value: Any) -> list[int | str | None]:
-    """Dims of a value with None for an unknown dim (``shape`` refuses those)."""
-    if isinstance(value, ir.Value) and _const_tensor(value) is None:
-        if value.shape is None:
-            raise NoMatch(f"shape of {value.name or 'a value'} is unknown")
-        return [d if isinstance(d, int) else (None if d.value is None else str(d.value))
-                for d in value.shape]
-    return list(_shape_of(value))
-
-
 def _fn_broadcasts_into(small: Any, big: Any) -> bool:
     """Whether ``small`` broadcasts to ``big`` without enlarging it, when ``big`` may have
     unknown dims: each dim of ``small`` is 1 or equals ``big``'s dim, and an unknown dim of
     ``big`` only takes a 1 (so a bias can never silently grow the output)."""
-    a, b = _partial_dims(small), _partial_dims(big)
+    a, b = list(_shape_of_known_rank(small)), list(_shape_of_known_rank(big))
     if len(a) > len(b) or any(d is None for d in a):
         return False
     return all(x == 1 or (y is not None and x == y)
@@ -1084,7 +1045,6 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     "slice_is_full": _fn_slice_is_full,
     "fits_dtype": _fn_fits_dtype,
     "num_outputs": _fn_num_outputs,
-    "ndim": _fn_ndim,
     "broadcasts_into": _fn_broadcasts_into,
     "producer_op": _fn_producer_op,
     "prod": _fn_prod,

@@ -576,12 +576,7 @@ def _group(node: _Node | None, known: list[str] | None, captures: list[str],
                 parsed.append(expr.parse(item.value, known))
             except expr.ExprError as exc:
                 problems.add(item.line, f"group key: {exc}")
-    saving = True
-    if "require_saving" in keys:
-        if not isinstance(keys["require_saving"].value, bool):
-            problems.add(keys["require_saving"].line, "group: require_saving must be true/false")
-        else:
-            saving = keys["require_saving"].value
+    saving = _flag(keys.get("require_saving"), "group: require_saving", True, problems)
     if not shared:
         return None
     return Group(shared, size, tuple(parsed), node.line, saving)
@@ -609,6 +604,16 @@ def _fuse(node: _Node | None, target: TargetSpec | None, problems: _Problems) ->
             problems.add(node.line, f"fuse: kernel {op.op_type!r} is not declared in the "
                                     f"target's kernels ({', '.join(dict(target.kernels))})")
     return op
+
+
+def _flag(node: _Node | None, what: str, default: bool, problems: _Problems) -> bool:
+    """A true/false key; absent gives the default."""
+    if node is None:
+        return default
+    if not isinstance(node.value, bool):
+        problems.add(node.line, f"{what} must be true or false")
+        return default
+    return node.value
 
 
 def _string(node: _Node | None, what: str, problems: _Problems) -> str | None:
@@ -838,12 +843,7 @@ def _tests(node: _Node | None, problems: _Problems) -> list[RuleTest]:
                     problems.add(keys[key].line, f"{key} must be a non-negative number")
                 else:
                     tol[key] = float(value)
-        fold = True
-        if "fold" in keys:
-            if not isinstance(keys["fold"].value, bool):
-                problems.add(keys["fold"].line, "fold must be true or false")
-            else:
-                fold = keys["fold"].value
+        fold = _flag(keys.get("fold"), "fold", True, problems)
         tests.append(RuleTest(name, model, expect, tuple(init_items), tol.get("rtol"),
                               tol.get("atol"), item.line, fold))
     return tests

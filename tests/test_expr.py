@@ -19,6 +19,8 @@ import onnx_ir as ir
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from values import const as _const
+from values import dynamic as _dynamic
 
 from fusectl import expr
 from fusectl.expr import ExprError, NoMatch, parse
@@ -26,19 +28,8 @@ from fusectl.expr import ExprError, NoMatch, parse
 # ---------------------------------------------------------------------------- values
 
 
-def _const(name: str, array: np.ndarray) -> ir.Value:
-    """An initializer-like value: constant data, not a graph input."""
-    return ir.Value(
-        name=name,
-        const_value=ir.tensor(array),
-        type=ir.TensorType(ir.DataType.from_numpy(array.dtype)),
-        shape=ir.Shape(array.shape),
-    )
 
 
-def _dynamic(name: str, dims: list[int | str | None]) -> ir.Value:
-    """A value with a shape only (an activation)."""
-    return ir.Value(name=name, type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape(dims))
 
 
 def _graph_input_initializer() -> ir.Value:

@@ -13,29 +13,26 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 import pytest
+from values import const
+from values import dynamic as _dynamic
+from values import evaluate as ev
 
 import fusectl
 from fusectl import expr
-from fusectl.expr import NoMatch, parse
+from fusectl.expr import NoMatch
 
 F = expr.FUNCTIONS
 RULES = Path(__file__).resolve().parent.parent / "rules" / "40-activation.yaml"
 
 
 def _const(name: str, array: Any, dtype: Any = np.float32) -> ir.Value:
-    data = np.asarray(array, dtype=dtype)
-    return ir.Value(name=name, const_value=ir.tensor(data),
-                    type=ir.TensorType(ir.DataType.from_numpy(data.dtype)),
-                    shape=ir.Shape(data.shape))
+    return const(name, np.asarray(array, dtype=dtype))
 
 
-def _dynamic(name: str, dims: list[int | str | None] | None) -> ir.Value:
-    shape = None if dims is None else ir.Shape(dims)
-    return ir.Value(name=name, type=ir.TensorType(ir.DataType.FLOAT), shape=shape)
 
 
-def ev(source: str, **env: Any) -> Any:
-    return parse(source, list(env)).evaluate(env)
+
+
 
 
 # ------------------------------------------------------------------------------ near
@@ -125,7 +122,7 @@ def test_same_rank_accepts_unknown_and_symbolic_dims() -> None:
 
 
 def test_same_rank_of_an_unknown_rank_is_no_match() -> None:
-    with pytest.raises(NoMatch, match="rank of x is unknown"):
+    with pytest.raises(NoMatch, match="shape of x is unknown"):
         F["same_rank"](_dynamic("x", None), _dynamic("z", [2]))
     with pytest.raises(NoMatch):
         F["same_rank"](None, _dynamic("z", [2]))

@@ -12,6 +12,7 @@ import itertools
 import numpy as np
 import onnx_ir as ir
 import pytest
+from values import const as _const
 
 from fusectl import expr
 from fusectl.expr import NoMatch, parse
@@ -52,10 +53,6 @@ def avgpool(x: np.ndarray, k: list[int]) -> np.ndarray:
     return out
 
 
-def _const(name: str, array: np.ndarray) -> ir.Value:
-    return ir.Value(name=name, const_value=ir.tensor(array),
-                    type=ir.TensorType(ir.DataType.from_numpy(array.dtype)),
-                    shape=ir.Shape(array.shape))
 
 
 # ---------------------------------------------------------------------- group_channels

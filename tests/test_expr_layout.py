@@ -12,6 +12,9 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 import pytest
+from values import const as _const
+from values import dynamic as _dynamic
+from values import evaluate as ev
 
 from fusectl import expr
 from fusectl.expr import NoMatch
@@ -23,19 +26,10 @@ LAYOUT_FUNCTIONS = [
 ]
 
 
-def _const(name: str, array: np.ndarray) -> ir.Value:
-    return ir.Value(name=name, const_value=ir.tensor(array),
-                    type=ir.TensorType(ir.DataType.from_numpy(array.dtype)),
-                    shape=ir.Shape(array.shape))
 
 
-def _dynamic(name: str, dims: list[int | str | None],
-             dtype: ir.DataType = ir.DataType.FLOAT) -> ir.Value:
-    return ir.Value(name=name, type=ir.TensorType(dtype), shape=ir.Shape(dims))
 
 
-def ev(source: str, **env: Any) -> Any:
-    return expr.parse(source, env.keys()).evaluate(env)
 
 
 def fn(name: str) -> Any:

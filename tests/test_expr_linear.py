@@ -1,42 +1,34 @@
 """Tests for the expression functions the fully-connected rules (rules/20-linear.yaml) add:
-ndim, broadcasts_into and producer_op."""
+broadcasts_into and producer_op."""
 
 from __future__ import annotations
 
 import numpy as np
 import onnx_ir as ir
 import pytest
+from values import const as _const
+from values import dynamic as _activation
 
 from fusectl import expr
 from fusectl.expr import NoMatch, parse
 
-ndim = expr.FUNCTIONS["ndim"]
+rank = expr.FUNCTIONS["rank"]
 broadcasts_into = expr.FUNCTIONS["broadcasts_into"]
 producer_op = expr.FUNCTIONS["producer_op"]
 
 
-def _const(name: str, array: np.ndarray) -> ir.Value:
-    return ir.Value(
-        name=name,
-        const_value=ir.tensor(array),
-        type=ir.TensorType(ir.DataType.from_numpy(array.dtype)),
-        shape=ir.Shape(array.shape),
-    )
 
 
-def _activation(name: str, dims: list[int | str | None] | None) -> ir.Value:
-    shape = None if dims is None else ir.Shape(dims)
-    return ir.Value(name=name, type=ir.TensorType(ir.DataType.FLOAT), shape=shape)
 
 
-# ------------------------------------------------------------------------------ ndim
+# ------------------------------------------------------------------------------ rank
 
 
-def test_ndim_counts_unknown_dims_that_rank_refuses() -> None:
+def test_rank_counts_unknown_dims_that_shape_refuses() -> None:
     y = _activation("y", [None, None, 8])
-    assert ndim(y) == 3
+    assert rank(y) == 3
     with pytest.raises(NoMatch):
-        expr.FUNCTIONS["rank"](y)
+        expr.FUNCTIONS["shape"](y)
 
 
 @pytest.mark.parametrize(
@@ -50,14 +42,14 @@ def test_ndim_counts_unknown_dims_that_rank_refuses() -> None:
         (1.5, 0),
     ],
 )
-def test_ndim_of_known_ranks(value: object, expected: int) -> None:
-    assert ndim(value) == expected
+def test_rank_of_known_ranks(value: object, expected: int) -> None:
+    assert rank(value) == expected
 
 
 @pytest.mark.parametrize("value", [None, _activation("y", None)])
-def test_ndim_without_a_shape_is_no_match(value: object) -> None:
+def test_rank_without_a_shape_is_no_match(value: object) -> None:
     with pytest.raises(NoMatch):
-        ndim(value)
+        rank(value)
 
 
 # ------------------------------------------------------------------- broadcasts_into
@@ -139,7 +131,7 @@ def test_producer_op_of_a_non_value_is_no_match(value: object) -> None:
 
 def test_functions_are_usable_in_rule_expressions() -> None:
     condition = parse(
-        'producer_op(x) not in ["Mul", "Div"] and ndim(y) == 3 and broadcasts_into(b, y)',
+        'producer_op(x) not in ["Mul", "Div"] and rank(y) == 3 and broadcasts_into(b, y)',
         ["x", "y", "b"],
     )
     env = {

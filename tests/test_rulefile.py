@@ -974,3 +974,100 @@ def test_load_rule_file_too_large(tmp_path: Path) -> None:
         load_rule_file(path)
     assert info.value.problems == [(SourceSpan(str(path), 1), "rule file larger than 4 MiB")]
 
+
+
+# ------------------------------------------------------- groups, fused kernels, targets
+
+
+def test_group_rule_errors_are_reported_at_their_lines() -> None:
+    text = yaml_text(
+        """
+        version: 1
+        rules:
+          - id: bad-group
+            summary: siblings
+            group: {shared: W, min: 1, require_saving: maybe}
+            match:
+              - y = MatMul(x, W)
+            merge:
+              Wc: concat(W, 1)
+            replace:
+              - m = MatMul(x, Wc)
+              - y = Split(m)
+          - id: merge-without-group
+            summary: merge needs a group
+            match:
+              - y = Relu(x)
+            merge:
+              a: x
+            replace:
+              - y... = Relu(x)
+        """
+    )
+    assert_problems(text, [
+        (5, "group: min must be an integer >= 2"),
+        (5, "require_saving must be true or false"),
+        (11, "replace: 'x' is not the shared value"),
+        (11, "replace must produce 'y...'"),
+        (18, "'merge' is only for group rules"),
+        (20, "replace must produce the match output 'y'"),
+    ])
+
+
+def test_fuse_needs_a_custom_domain_and_excludes_replace() -> None:
+    text = yaml_text(
+        """
+        version: 1
+        rules:
+          - id: fuse-standard
+            summary: not a custom domain
+            match:
+              - z = Relu(x)
+            fuse: com.microsoft.FusedRelu
+          - id: fuse-and-replace
+            summary: both
+            match:
+              - z = Relu(x)
+            fuse: npu.Relu
+            replace:
+              - z = Relu(x)
+        """
+    )
+    assert_problems(text, [
+        (7, "must be in a custom domain"),
+        (8, "exactly one of 'replace' and 'fuse'"),
+    ])
+
+
+def test_target_header_errors() -> None:
+    text = yaml_text(
+        """
+        version: 1
+        target:
+          name: onnxruntime
+          domain: ai.onnx
+          opset: 0
+          base: tensorrt
+          kernels: [A, B]
+        rules: []
+        """
+    )
+    assert_problems(text, [
+        (3, "target name 'onnxruntime' must be kebab-case and not one of"),
+        (4, "must be a custom domain"),
+        (5, "target opset must be a positive integer"),
+        (6, "target base must be one of"),
+        (7, "kernels must map a kernel op name"),
+    ])
+
+
+def test_test_fold_flag_must_be_boolean() -> None:
+    model = '<ir_version: 8, opset_import: ["" : 17]> g (float[2] x) => (float[2] z) {}'
+    text = GOOD + (
+        "    tests:\n"
+        "      - name: t\n"
+        f"        model: '{model}'\n"
+        "        fold: nope\n"
+        "        expect: {fires: 0}\n"
+    )
+    assert_problems(text, [(13, "fold must be true or false")])

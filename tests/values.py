@@ -1,0 +1,32 @@
+"""Graph values for expression-function tests, shared by tests/test_expr*.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+from fusectl.expr import parse
+
+
+def const(name: str, array: np.ndarray) -> ir.Value:
+    """An initializer-like value: constant data, not a graph input."""
+    return ir.Value(
+        name=name,
+        const_value=ir.tensor(array),
+        type=ir.TensorType(ir.DataType.from_numpy(array.dtype)),
+        shape=ir.Shape(array.shape),
+    )
+
+
+def dynamic(name: str, dims: list[int | str | None] | None,
+            dtype: ir.DataType = ir.DataType.FLOAT) -> ir.Value:
+    """A value with a type and (maybe) a shape only, like an activation."""
+    return ir.Value(name=name, type=ir.TensorType(dtype),
+                    shape=None if dims is None else ir.Shape(dims))
+
+
+def evaluate(source: str, **env: Any) -> Any:
+    """Parse ``source`` knowing the names of ``env`` and evaluate it there."""
+    return parse(source, list(env)).evaluate(env)
