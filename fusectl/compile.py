@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,12 +28,15 @@ from . import expr
 from .errors import RuleFileError
 from .rulefile import Rule
 from .statements import EACH, Literal, NodeSpec, OpRef, Ref
+from .targets import ONNXRUNTIME_DEFAULT_DOMAIN_OPS
 
 COMMUTATIVE = frozenset(
     {"Add", "Mul", "Max", "Min", "Sum", "Mean", "And", "Or", "Xor", "Equal",
      "BitwiseAnd", "BitwiseOr", "BitwiseXor"}
 )
 MAX_VARIANTS = 256
+OMITTED = "_"
+"""A replace output named ``_`` is an omitted optional output (``z, _, _, s = Op(...)``)."""
 LITERAL_RTOL = 1e-5
 LITERAL_ATOL = 1e-7
 OVERLOAD_IR_VERSION = 10
@@ -129,9 +132,11 @@ class CompiledRule:
     def _structural_matches(self, model: ir.Model, graph: ir.Graph | ir.Function,
                             node: ir.Node) -> Iterator[tuple[_Variant, Any]]:
         """The variants rooted at ``node``'s op whose structure matches there."""
+        kept = self.rule.kept
         for variant in self.variants_by_root.get((node.domain, node.op_type), ()):
-            match = variant.pattern.match(model, graph, node, check_nodes_are_removable=True)
-            if match:
+            match = variant.pattern.match(model, graph, node,
+                                          check_nodes_are_removable=not kept)
+            if match and (not kept or _only_kept_escape(match, self.rule)):
                 yield variant, match
 
     # ----------------------------------------------------------- after a match
@@ -221,6 +226,8 @@ class CompiledRule:
         for group_members in members.values():
             if len(group_members) < group.min_size:
                 continue
+            if group.order is not None:
+                group_members.sort(key=lambda m: tuple(np.ravel(np.asarray(m.order, float))))
             try:
                 rewrites.append(_build_group(self, model, graph, group_members))
             except NoRewrite as exc:
@@ -247,13 +254,34 @@ class CompiledRule:
             except expr.NoMatch as exc:
                 reason = reason or f"group key: {exc}"
                 continue
+            try:
+                order = None if group.order is None else group.order.evaluate(env)
+            except expr.NoMatch as exc:
+                reason = reason or f"group order: {exc}"
+                continue
             nodes = list(match.nodes)
             signature = tuple(sorted((n.domain, n.op_type, _attr_signature(n)) for n in nodes))
             key = (id(shared), signature, extra)
-            return _Member(node, nodes, env, producer_of, match, key)
+            return _Member(node, nodes, env, producer_of, match, key, order)
         if reason is not None:
             raise NoRewrite(reason)
         return None
+
+
+def _only_kept_escape(match: Any, rule: Rule) -> bool:
+    """Matched nodes are removable when the values leaving the match are its outputs and
+    the intermediates ``replace`` produces again (onnxscript's own check allows only the
+    outputs)."""
+    inside = {id(n) for n in match.nodes}
+    leaving = {id(match.bindings[name]) for name in (*rule.outputs, *rule.kept)}
+    for node in match.nodes:
+        for value in node.outputs:
+            if id(value) in leaving:
+                continue
+            if value.is_graph_output() or any(id(use.node) not in inside
+                                              for use in value.uses()):
+                return False
+    return True
 
 
 @dataclass
@@ -266,6 +294,7 @@ class _Member:
     producer_of: dict[str, ir.Node]
     match: Any
     key: tuple[Any, ...]
+    order: Any = None
 
 
 def _hashable(value: Any) -> Any:
@@ -305,6 +334,9 @@ def _schema_default(domain: str, op_type: str, version: int, name: str) -> tuple
     try:
         schema = onnx.defs.get_schema(op_type, version, domain)
     except onnx.defs.SchemaError:
+        if domain in ("", "ai.onnx") and op_type in ONNXRUNTIME_DEFAULT_DOMAIN_OPS:
+            defaults = ONNXRUNTIME_DEFAULT_DOMAIN_OPS[op_type]
+            return (True, defaults[name]) if name in defaults else (False, NOT_IN_SCHEMA)
         return False, None
     attr = schema.attributes.get(name)
     if attr is None:
@@ -564,10 +596,18 @@ def _build_replacement(compiled: CompiledRule, model: ir.Model,
                        env: dict[str, Any], producer_of: dict[str, ir.Node],
                        opsets: dict[str, int]) -> Rewrite:
     rule = compiled.rule
-    old_outputs = [match.bindings[name] for name in rule.outputs]
-    slots = {name: [i] for i, name in enumerate(rule.outputs)}
+    inside = {id(n) for n in match.nodes}
+    live = [name for name in rule.kept if _read_outside(match.bindings[name], inside)]
+    names = (*rule.outputs, *live)
+    old_outputs = [match.bindings[name] for name in names]
+    slots = {name: [i] for i, name in enumerate(names)}
+    absent = {name for name in rule.kept if name not in live}
     return _replacement(compiled, root, list(match.nodes), old_outputs, slots, env,
-                        producer_of, opsets)
+                        producer_of, opsets, absent)
+
+
+def _read_outside(value: ir.Value, inside: set[int]) -> bool:
+    return value.is_graph_output() or any(id(u.node) not in inside for u in value.uses())
 
 
 def _build_group(compiled: CompiledRule, model: ir.Model, graph: ir.Graph | ir.Function,
@@ -600,9 +640,11 @@ def _build_group(compiled: CompiledRule, model: ir.Model, graph: ir.Graph | ir.F
 def _replacement(compiled: CompiledRule, root: ir.Node, matched: list[ir.Node],
                  old_outputs: list[ir.Value], slots: dict[str, list[int]],
                  env: dict[str, Any], producer_of: dict[str, ir.Node],
-                 opsets: dict[str, int]) -> Rewrite:
+                 opsets: dict[str, int], absent: Collection[str] = ()) -> Rewrite:
     """Build the replace statements; ``slots`` maps each match output to its positions
-    in ``old_outputs`` (one per group member; exactly one outside groups)."""
+    in ``old_outputs`` (one per group member; exactly one outside groups). Outputs
+    named ``_``, and kept intermediates nobody outside reads (``absent``), are left
+    empty: an omitted optional output, which the kernel does not write."""
     rule = compiled.rule
     available: dict[str, ir.Value | None] = {}
     for name in rule.captures:
@@ -680,6 +722,9 @@ def _replacement(compiled: CompiledRule, root: ir.Node, matched: list[ir.Node],
                 new_outputs[slot] = value
         else:
             for out_name, value in zip(spec.outputs, node.outputs, strict=True):
+                if out_name == OMITTED:
+                    value.name = ""
+                    continue
                 made[out_name] = value
                 for slot in slots.get(out_name, ()):
                     new_outputs[slot] = value
@@ -690,6 +735,9 @@ def _replacement(compiled: CompiledRule, root: ir.Node, matched: list[ir.Node],
         if op.domain not in opsets:
             used_opsets.setdefault(op.domain, 1)
         new_nodes.append(node)
+    for name in absent:
+        if name in made and not made[name].uses():
+            made[name].name = ""
     for index, value in enumerate(new_outputs):
         if value is None:
             raise NoRewrite(f"replacement output {old_outputs[index].name} is absent")

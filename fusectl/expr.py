@@ -760,6 +760,15 @@ def _fn_is_graph_output(value: Any) -> bool:
     return value.is_graph_output()
 
 
+def _fn_num_uses(value: Any) -> int:
+    """How many node inputs read a matched value, plus one when it is a graph output: a
+    rule that also writes an intermediate again (the residual sum of a skip norm) fires
+    only when someone outside the match reads it."""
+    if not isinstance(value, ir.Value):
+        raise NoMatch("num_uses() needs a value of the match")
+    return len(value.uses()) + int(value.is_graph_output())
+
+
 _INT_RANGES = {
     "bool": (0, 1),
     "int8": (-(2**7), 2**7 - 1),
@@ -916,6 +925,44 @@ def _fn_slice_is_full(value: Any, starts: Any, ends: Any, axes: Any = None,
     return True
 
 
+def _fn_slice_range(value: Any, starts: Any, ends: Any, axes: Any = None,
+                    steps: Any = None) -> list[int]:
+    """``[axis, begin, end]`` of a unit-step Slice of one axis with a known dim, bounds
+    clamped as Slice clamps them: sibling Slices that tile an axis become one Split."""
+    dims = _shape_of_known_rank(value)
+    begin, end = _int_list(starts, "starts"), _int_list(ends, "ends")
+    where = [0] if axes is None else _int_list(axes, "axes")
+    step = [1] if steps is None else _int_list(steps, "steps")
+    if not len(begin) == len(end) == len(where) == len(step) == 1:
+        raise NoMatch("the slice must cut exactly one axis")
+    if step[0] != 1:
+        raise NoMatch(f"the slice has step {step[0]}")
+    axis = where[0] + len(dims) if where[0] < 0 else where[0]
+    if not 0 <= axis < len(dims) or not isinstance(dims[axis], int):
+        raise NoMatch(f"slice axis {where[0]} has no known dim")
+    dim = dims[axis]
+    first = min(max(begin[0] + dim if begin[0] < 0 else begin[0], 0), dim)
+    last = min(max(end[0] + dim if end[0] < 0 else end[0], 0), dim)
+    return [axis, first, last]
+
+
+def _fn_tiling_sizes(ranges: Any, value: Any) -> np.ndarray:
+    """The Split sizes of slices ``[axis, begin, end]`` (in member order) that cover one
+    axis of ``value`` exactly, end to end, without gaps or overlaps."""
+    dims = _shape_of_known_rank(value)
+    axis = ranges[0][0]
+    edge = 0
+    sizes = []
+    for _, first, last in ranges:
+        if first != edge or last <= first:
+            raise NoMatch("the slices do not tile the axis end to end")
+        sizes.append(last - first)
+        edge = last
+    if edge != dims[axis]:
+        raise NoMatch(f"the slices cover {edge} of {dims[axis]} along axis {axis}")
+    return np.asarray(sizes, dtype=np.int64)
+
+
 def _fn_fits_dtype(value: Any, like: Any) -> bool:
     """Whether a constant computed while folding (numpy works in float32 even for float16
     models) survives the cast to ``like``'s dtype (a value, a dtype name or an ONNX
@@ -1040,9 +1087,12 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     "same_rank": _fn_same_rank,
     "single_axis": _fn_single_axis,
     "is_graph_output": _fn_is_graph_output,
+    "num_uses": _fn_num_uses,
     "casts_exactly": _fn_casts_exactly,
     "broadcast_shape": _fn_broadcast_shape,
     "slice_is_full": _fn_slice_is_full,
+    "slice_range": _fn_slice_range,
+    "tiling_sizes": _fn_tiling_sizes,
     "fits_dtype": _fn_fits_dtype,
     "num_outputs": _fn_num_outputs,
     "broadcasts_into": _fn_broadcasts_into,

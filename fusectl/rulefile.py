@@ -131,6 +131,8 @@ class Group:
     line: int = 0
     require_saving: bool = True
     """Apply only when the merge moves fewer bytes than its members (traffic model)."""
+    order: expr.Expression | None = None
+    """Members are sorted by this per-member value before ``merge`` (graph order if None)."""
 
 
 @dataclass(frozen=True)
@@ -170,6 +172,9 @@ class Rule:
     """Group rules: evaluated once per group; per-member names read as lists."""
     fuse: OpRef | None = None
     """Replace the match by one node of this op plus a local function holding the match."""
+    kept: tuple[str, ...] = ()
+    """Intermediates of the match that ``replace`` produces again (e.g. the residual sum a
+    skip-norm kernel also writes): they may have consumers outside the match."""
 
     @property
     def source(self) -> SourceSpan:
@@ -517,6 +522,11 @@ def _load_rule(node: _Node, problems: _Problems, target: TargetSpec | None = Non
         else:
             _check_group_replace(keys.get("replace"), replace_specs, replace_lines, group,
                                  known, [b.name for b in merge], produced, outputs, problems)
+    kept = [o for spec in replace_specs for o in spec.outputs
+            if o in produced and o not in outputs and not o.startswith("%")]
+    if kept and group is not None:
+        problems.add(keys["replace"].line, f"a group rule cannot produce match intermediates "
+                                           f"again ({', '.join(kept)})")
     when = _when(keys.get("when"), problems, target)
     tests = _tests(keys.get("tests"), problems)
     if len(problems.items) > before:
@@ -540,16 +550,17 @@ def _load_rule(node: _Node, problems: _Problems, target: TargetSpec | None = Non
         group=group,
         merge=tuple(merge),
         fuse=fuse,
+        kept=tuple(kept),
     )
 
 
-_GROUP_KEYS = ("shared", "min", "key", "require_saving")
+_GROUP_KEYS = ("shared", "min", "key", "order", "require_saving")
 MAX_GROUP_KEYS = 8
 
 
 def _group(node: _Node | None, known: list[str] | None, captures: list[str],
            problems: _Problems) -> Group | None:
-    """``group: {shared: x, min: 2, key: [expr...]}``: a sibling-merge rule."""
+    """``group: {shared: x, min: 2, key: [expr...], order: expr}``: a sibling-merge rule."""
     if node is None:
         return None
     keys = _keys(node, _GROUP_KEYS, ("shared",), "group", problems)
@@ -577,9 +588,18 @@ def _group(node: _Node | None, known: list[str] | None, captures: list[str],
             except expr.ExprError as exc:
                 problems.add(item.line, f"group key: {exc}")
     saving = _flag(keys.get("require_saving"), "group: require_saving", True, problems)
+    order = None
+    if "order" in keys:
+        if not isinstance(keys["order"].value, str):
+            problems.add(keys["order"].line, "group: order must be an expression")
+        else:
+            try:
+                order = expr.parse(keys["order"].value, known)
+            except expr.ExprError as exc:
+                problems.add(keys["order"].line, f"group order: {exc}")
     if not shared:
         return None
-    return Group(shared, size, tuple(parsed), node.line, saving)
+    return Group(shared, size, tuple(parsed), node.line, saving, order)
 
 
 def _fuse(node: _Node | None, target: TargetSpec | None, problems: _Problems) -> OpRef | None:
@@ -738,7 +758,9 @@ def _check_replace(node: _Node | None, specs: list[NodeSpec], lines: list[int],
     made: set[str] = set()
     for spec, line in zip(specs, lines, strict=True):
         for item in spec.inputs:
-            if isinstance(item, Ref) and item.name not in available and item.name not in made:
+            if isinstance(item, Ref) and item.name == "_":
+                problems.add(line, "replace: '_' names an omitted output and cannot be read")
+            elif isinstance(item, Ref) and item.name not in available and item.name not in made:
                 problems.add(line, f"replace: {item.name!r} is not a capture, a let name or "
                                    "an earlier replacement output")
         if spec.copy_attrs_from and spec.copy_attrs_from not in match_produced:
@@ -897,7 +919,9 @@ def _check_group_replace(node: _Node | None, specs: list[NodeSpec], lines: list[
     each: set[str] = set()
     for spec, line in zip(specs, lines, strict=True):
         for item in spec.inputs:
-            if isinstance(item, Ref) and item.name not in available and item.name not in made:
+            if isinstance(item, Ref) and item.name == "_":
+                problems.add(line, "replace: '_' names an omitted output and cannot be read")
+            elif isinstance(item, Ref) and item.name not in available and item.name not in made:
                 problems.add(line, f"replace: {item.name!r} is not the shared value, a merge "
                                    "name or an earlier replacement output (per-member values "
                                    "are lists: combine them in merge)")

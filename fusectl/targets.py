@@ -14,6 +14,12 @@ from pathlib import Path
 from .errors import BadInputError
 from .rulefile import TARGETS, Rule, TargetSpec, load_target_file
 
+ONNXRUNTIME_DEFAULT_DOMAIN_OPS: dict[str, dict[str, int | float]] = {
+    "SimplifiedLayerNormalization": {"axis": -1, "epsilon": 1e-5, "stash_type": 1},
+}
+"""Contrib ops onnxruntime registers in the default ONNX domain, with their attribute
+defaults: valid for onnxruntime, unknown to onnx's checker and schemas."""
+
 
 @dataclass(frozen=True)
 class Target:

@@ -1,0 +1,222 @@
+"""Replacements that write a matched intermediate again (``z, _, _, s = Op(...)``), omitted
+optional outputs, ordered sibling groups, and onnxruntime's default-domain contrib ops.
+
+A skip-norm kernel can also write the residual sum; the pre-norm blocks of GPT-2 and
+LLaMA read that sum again, so the fusion must rewire those readers to the kernel's
+fourth output and leave the output empty when nobody reads it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import pytest
+from onnx import TensorProto, helper
+from values import const, dynamic
+from values import evaluate as ev
+
+from fusectl.api import optimize
+from fusectl.compile import compile_rules
+from fusectl.errors import RuleFileError
+from fusectl.expr import FUNCTIONS, NoMatch
+from fusectl.rewrite import apply_rules
+from fusectl.rulefile import load_rule_text, load_rules
+from fusectl.ruletest import check_model
+
+ORT = "rules/70-onnxruntime.yaml"
+SIBLINGS = "rules/25-siblings.yaml"
+
+
+def _pre_norm_block(sum_read_outside: bool) -> onnx.ModelProto:
+    """s = x + r; z = LayerNorm(s); the next residual t = s + z when ``sum_read_outside``."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Add", ["x", "r"], ["s"], name="residual"),
+             helper.make_node("LayerNormalization", ["s", "gamma", "beta"], ["z"], name="ln")]
+    outputs = [helper.make_tensor_value_info("z", TensorProto.FLOAT, [2, 5, 16])]
+    if sum_read_outside:
+        nodes.append(helper.make_node("Add", ["s", "z"], ["t"], name="next_residual"))
+        outputs.append(helper.make_tensor_value_info("t", TensorProto.FLOAT, [2, 5, 16]))
+    inits = [onnx.numpy_helper.from_array(rng.uniform(0.5, 1.5, 16).astype(np.float32), n)
+             for n in ("gamma", "beta")]
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 5, 16]) for n in "xr"]
+    graph = helper.make_graph(nodes, "block", inputs, outputs, inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def _fused(proto: onnx.ModelProto) -> tuple[ir.Model, ir.Node]:
+    result = optimize(ir.serde.deserialize_model(proto), target="onnxruntime")
+    assert result.passed, result.validation
+    kernels = [n for n in result.model.graph if n.op_type == "SkipLayerNormalization"]
+    assert len(kernels) == 1
+    return result.model, kernels[0]
+
+
+def test_sum_read_outside_comes_from_the_kernel() -> None:
+    model, kernel = _fused(_pre_norm_block(sum_read_outside=True))
+    sum_out = kernel.outputs[3]
+    assert sum_out.name  # written, and the next residual reads it
+    assert [use.node.name for use in sum_out.uses()] == ["next_residual"]
+    assert [n.op_type for n in model.graph].count("Add") == 1  # only the next residual
+
+
+def test_sum_nobody_reads_is_an_omitted_output() -> None:
+    _, kernel = _fused(_pre_norm_block(sum_read_outside=False))
+    assert [v.name for v in kernel.outputs[1:]] == ["", "", ""]
+
+
+def test_intermediate_read_by_an_unlisted_node_blocks_the_match() -> None:
+    """Only the intermediates ``replace`` writes again may escape the match."""
+    text = """
+version: 1
+rules:
+  - id: neg-of-square
+    summary: -((a + b)^2) becomes 0 - (a + b)^2, writing the sum and the square again
+    match:
+      - s = Add(a, b)
+      - m = Mul(s, s)
+      - z = Neg(m)
+    let:
+      zero: float32(0.0)
+    replace:
+      - s = Add(a, b)
+      - m = Mul(s, s)
+      - z = Sub(zero, m)
+    tests: []
+"""
+    rule = load_rule_text(text)[0]
+    assert rule.kept == ("s", "m")
+    compiled = compile_rules([rule])
+    for escaping, fires in (("s", 1), ("m", 1)):
+        model = _escape_model(escaping)
+        assert len(apply_rules(model, compiled).applications) == fires
+    rule2 = load_rule_text(text.replace("      - s = Add(a, b)\n      - m = Mul(s, s)\n"
+                                        "      - z = Sub(zero, m)\n    tests",
+                                        "      - z = Sub(zero, Mul(Add(a, b), Add(a, b)))\n"
+                                        "    tests"))
+    assert rule2[0].kept == ()
+    model = _escape_model("s")
+    assert apply_rules(model, compile_rules(rule2)).applications == ()
+
+
+def _escape_model(name: str) -> ir.Model:
+    nodes = [helper.make_node("Add", ["a", "b"], ["s"]), helper.make_node("Mul", ["s", "s"], ["m"]),
+             helper.make_node("Neg", ["m"], ["z"]), helper.make_node("Relu", [name], ["extra"])]
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [4]) for n in "ab"]
+    outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [4]) for n in ("z", "extra")]
+    graph = helper.make_graph(nodes, "g", inputs, outputs)
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    return ir.serde.deserialize_model(proto)
+
+
+def test_reading_an_omitted_output_is_a_lint_error() -> None:
+    text = ("version: 1\nrules:\n  - id: r\n    summary: s\n    match:\n      - z = Relu(x)\n"
+            "    replace:\n      - m, _ = TopK(x, k)\n      - z = Neg(_)\n    tests: []\n")
+    with pytest.raises(RuleFileError) as info:
+        load_rule_text(text)
+    assert any("'_' names an omitted output and cannot be read" in str(p)
+               for p in info.value.problems)
+
+
+# ----------------------------------------------------------------- ordered sibling groups
+
+
+def _halves(first: tuple[int, int], second: tuple[int, int]) -> onnx.ModelProto:
+    """Two Slices of x along the last axis, in this graph order, concatenated as -b, a."""
+    inits = [onnx.numpy_helper.from_array(np.array([v], np.int64), n) for n, v in
+             (("s0", first[0]), ("e0", first[1]), ("s1", second[0]), ("e1", second[1]),
+              ("ax", -1))]
+    nodes = [helper.make_node("Slice", ["x", "s0", "e0", "ax"], ["a"]),
+             helper.make_node("Slice", ["x", "s1", "e1", "ax"], ["b"]),
+             helper.make_node("Neg", ["b"], ["nb"]),
+             helper.make_node("Concat", ["nb", "a"], ["z"], axis=-1)]
+    graph = helper.make_graph(nodes, "rot", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [2, 8])], [helper.make_tensor_value_info(
+            "z", TensorProto.FLOAT, [2, 8])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.mark.parametrize(("first", "second"), [((0, 3), (3, 8)), ((3, 8), (0, 3)),
+                                               ((5, 2**62), (-8, 5))])
+def test_split_outputs_follow_the_axis_not_the_graph_order(first, second) -> None:
+    rules = [r for r in compile_rules(load_rules([SIBLINGS])) if r.id == "slice-siblings-to-split"]
+    result = optimize(ir.serde.deserialize_model(_halves(first, second)), rules=rules)
+    assert result.passed, result.validation
+    splits = [n for n in result.model.graph if n.op_type == "Split"]
+    assert len(splits) == 1
+    sizes = splits[0].inputs[1].const_value.numpy().tolist()
+    low, high = sorted([first, second])
+    assert sizes == [min(low[1], 8) - low[0] % 8, 8 - min(low[1], 8)]
+
+
+def test_slice_range_and_tiling_sizes() -> None:
+    x = dynamic("x", [2, "N", 10])
+    i64 = np.int64
+    assert ev("slice_range(x, s, e, a)", x=x, s=const("s", np.array([-4], i64)),
+              e=const("e", np.array([2**63 - 1], i64)), a=const("a", np.array([2], i64))
+              ) == [2, 6, 10]
+    assert FUNCTIONS["slice_range"](const("x", np.zeros((6, 3), np.float32)), [1], [4]
+                                    ) == [0, 1, 4]
+    for bad in ([1, 0], [0, 1]):  # the symbolic axis; two axes
+        with pytest.raises(NoMatch):
+            FUNCTIONS["slice_range"](x, bad[:1] * (1 + bad[1]), [3] * (1 + bad[1]),
+                                     [bad[0]] * (1 + bad[1]))
+    with pytest.raises(NoMatch, match="step"):
+        FUNCTIONS["slice_range"](x, [0], [4], [2], [2])
+    assert FUNCTIONS["tiling_sizes"]([[2, 0, 4], [2, 4, 10]], x).tolist() == [4, 6]
+    for ranges in ([[2, 0, 4], [2, 5, 10]], [[2, 0, 6], [2, 4, 10]], [[2, 0, 4], [2, 4, 9]],
+                   [[2, 0, 0], [2, 0, 10]]):
+        with pytest.raises(NoMatch):
+            FUNCTIONS["tiling_sizes"](ranges, x)
+
+
+def test_num_uses_counts_readers_and_graph_outputs() -> None:
+    model = _escape_model("s")
+    values = {v.name: v for n in model.graph for v in n.outputs}
+    assert FUNCTIONS["num_uses"](values["s"]) == 3  # Mul reads it twice, Relu once
+    assert FUNCTIONS["num_uses"](values["z"]) == 1  # a graph output
+    with pytest.raises(NoMatch):
+        FUNCTIONS["num_uses"](np.ones(2))
+
+
+# ------------------------------------------------- onnxruntime's default-domain contrib ops
+
+
+def test_checker_sets_aside_onnxruntime_default_domain_ops_only() -> None:
+    node = helper.make_node("SimplifiedLayerNormalization", ["x", "w"], ["y"], axis=-1)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [2, 4])], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, [2, 4])],
+        [onnx.numpy_helper.from_array(np.ones(4, np.float32), "w")])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    check_model(proto)  # accepted, and the model itself is left as it was
+    assert proto.graph.node[0].domain == ""
+    node.op_type = "NotAnOnnxruntimeOp"
+    proto.graph.node[0].op_type = "NotAnOnnxruntimeOp"
+    with pytest.raises(onnx.checker.ValidationError):
+        check_model(proto)
+
+
+def test_rmsnorm_below_opset_23_reaches_one_onnxruntime_kernel() -> None:
+    """x * 1/sqrt(mean(x^2) + eps) * w after a residual Add, the sum read again: the
+    normalize, fold-scale and skip rules compose into one SkipSimplifiedLayerNormalization."""
+    rng = np.random.default_rng(1)
+    inits = [onnx.numpy_helper.from_array(np.array(v, np.float32), n) for n, v in
+             (("two", 2.0), ("eps", 1e-6), ("one", 1.0))]
+    inits.append(onnx.numpy_helper.from_array(rng.uniform(0.5, 1.5, 16).astype(np.float32), "w"))
+    nodes = [helper.make_node("Add", ["x", "r"], ["s"]),
+             helper.make_node("Pow", ["s", "two"], ["sq"]),
+             helper.make_node("ReduceMean", ["sq"], ["ms"], axes=[-1]),
+             helper.make_node("Add", ["ms", "eps"], ["v"]),
+             helper.make_node("Sqrt", ["v"], ["std"]),
+             helper.make_node("Div", ["one", "std"], ["inv"]),
+             helper.make_node("Mul", ["s", "inv"], ["n"]),
+             helper.make_node("Mul", ["n", "w"], ["z"]),
+             helper.make_node("Add", ["s", "z"], ["t"])]
+    io = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 5, 16]) for n in "xrt"]
+    graph = helper.make_graph(nodes, "llama", io[:2], io[2:], inits)
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    result = optimize(ir.serde.deserialize_model(proto), target="onnxruntime")
+    assert result.passed, result.validation
+    assert sorted(n.op_type for n in result.model.graph) == ["Add",
+                                                             "SkipSimplifiedLayerNormalization"]
