@@ -679,6 +679,9 @@ def _replacement(compiled: CompiledRule, root: ir.Node, matched: list[ir.Node],
 
     for spec in rule.replace:
         op = spec.op
+        if spec.same_op_as is not None:
+            source = producer_of[spec.same_op_as]
+            op = OpRef(source.domain, source.op_type)
         version = opsets.get(op.domain, dict(used_opsets).get(op.domain, 1))
         inputs = [resolve(i) for i in spec.inputs]
         while inputs and inputs[-1] is None:

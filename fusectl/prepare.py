@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import onnx_ir as ir
 from onnx_ir.passes.common import (
     CommonSubexpressionEliminationPass,
+    DeduplicateInitializersPass,
     LiftConstantsToInitializersPass,
     RemoveUnusedNodesPass,
     ShapeInferencePass,
@@ -21,6 +22,8 @@ from onnxscript.optimizer import fold_constants
 
 FOLD_INPUT_LIMIT = 1 << 22
 FOLD_OUTPUT_LIMIT = 1 << 27
+TIDY_CONSTANT_LIMIT = 1024
+"""Elements up to which tidy() merges equal constants by content."""
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,20 @@ def prepare(model: ir.Model, *, fold: bool = True) -> PrepareResult:
     folded = before - _count_nodes(model)
     result = ShapeInferencePass()(model)
     return PrepareResult(folded, result.modified)
+
+
+def tidy(model: ir.Model) -> None:
+    """Merge the duplicates rewrites create: three projections of one LayerNorm output
+    each get their own Reshape to 2-D (and their own shape constant) when they become
+    Gemms; one is enough. Only small constants are compared by content. Then shapes are
+    inferred again, for the traffic model."""
+    if model.ir_version >= LEGACY_IR_VERSION:
+        DeduplicateInitializersPass(size_limit=TIDY_CONSTANT_LIMIT)(model)
+        CommonSubexpressionEliminationPass()(model)
+        RemoveUnusedNodesPass()(model)
+    # New nodes were typed one by one, without the values of new shape constants (a
+    # Reshape to [-1, K] came out as [?, ?]); the whole model sees them.
+    ShapeInferencePass()(model)
 
 
 def _fold_constant_of_shape(node: ir.Node) -> bool | None:

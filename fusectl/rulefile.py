@@ -763,7 +763,10 @@ def _check_replace(node: _Node | None, specs: list[NodeSpec], lines: list[int],
             elif isinstance(item, Ref) and item.name not in available and item.name not in made:
                 problems.add(line, f"replace: {item.name!r} is not a capture, a let name or "
                                    "an earlier replacement output")
-        if spec.copy_attrs_from and spec.copy_attrs_from not in match_produced:
+        if spec.same_op_as and spec.same_op_as not in match_produced:
+            problems.add(line, f"replace: '@{spec.same_op_as}' must name a value the match "
+                               "produces")
+        elif spec.copy_attrs_from and spec.copy_attrs_from not in match_produced:
             problems.add(line, f"replace: '**{spec.copy_attrs_from}' must name a value the match "
                                "produces")
         for attr in spec.attrs:
@@ -925,7 +928,10 @@ def _check_group_replace(node: _Node | None, specs: list[NodeSpec], lines: list[
                 problems.add(line, f"replace: {item.name!r} is not the shared value, a merge "
                                    "name or an earlier replacement output (per-member values "
                                    "are lists: combine them in merge)")
-        if spec.copy_attrs_from and spec.copy_attrs_from not in match_produced:
+        if spec.same_op_as and spec.same_op_as not in match_produced:
+            problems.add(line, f"replace: '@{spec.same_op_as}' must name a value the match "
+                               "produces")
+        elif spec.copy_attrs_from and spec.copy_attrs_from not in match_produced:
             problems.add(line, f"replace: '**{spec.copy_attrs_from}' must name a value the match "
                                "produces")
         for attr in spec.attrs:

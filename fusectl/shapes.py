@@ -11,6 +11,9 @@ from collections.abc import Mapping
 import onnx
 import onnx_ir as ir
 
+DATA_LIMIT = 1024
+"""Constant inputs up to this many elements are given to inference as data."""
+
 
 def infer_node(node: ir.Node, opsets: Mapping[str, int]) -> bool:
     """Fill in missing output types and shapes of ``node`` from its inputs; best effort."""
@@ -19,6 +22,7 @@ def infer_node(node: ir.Node, opsets: Mapping[str, int]) -> bool:
     except onnx.defs.SchemaError:
         return False
     input_types = {}
+    input_data = {}
     for index, value in enumerate(node.inputs):
         if value is None:
             continue
@@ -30,10 +34,14 @@ def infer_node(node: ir.Node, opsets: Mapping[str, int]) -> bool:
         if value.shape is not None:
             ir.serde.serialize_shape_into(proto, value.shape)
         input_types[name] = proto
+        constant = value.const_value
+        if constant is not None and constant.size <= DATA_LIMIT:
+            # A Reshape's target or a Slice's bounds decide the output shape.
+            input_data[name] = ir.serde.serialize_tensor(constant)
     try:
         node_proto = _serialize_with_names(node)
         inferred = onnx.shape_inference.infer_node_outputs(
-            schema, node_proto, input_types, opset_imports=[
+            schema, node_proto, input_types, input_data, opset_imports=[
                 onnx.helper.make_opsetid(d, v) for d, v in opsets.items()
             ],
         )

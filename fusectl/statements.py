@@ -74,6 +74,8 @@ class NodeSpec:
     attrs: tuple[AttrSpec, ...]
     copy_attrs_from: str | None
     index: int
+    same_op_as: str | None = None
+    """``u = @z(x)`` in replace: the op (and attributes) of the node that produced ``z``."""
 
     @property
     def op(self) -> OpRef:
@@ -123,10 +125,17 @@ class _Parser:
 
     def call(self, text: str, outputs: tuple[str, ...]) -> None:
         names = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*(?:\s*\|\s*[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)*"
-        m = re.match(rf"\s*\(\s*({names})\s*\)\s*", text) or re.match(rf"\s*({names})\s*", text)
+        same = re.match(r"\s*@([A-Za-z_]\w*)\s*", text)
+        if same and not self.replace:
+            raise StatementError("'@y' (the op that produced y) is only for replace")
+        m = same or re.match(rf"\s*\(\s*({names})\s*\)\s*", text) or re.match(
+            rf"\s*({names})\s*", text)
         if not m:
             raise StatementError(f"expected an operator name in {text!r}")
-        ops = tuple(op_ref(name.strip()) for name in m.group(1).split("|"))
+        if same:
+            ops: tuple[OpRef, ...] = (OpRef("", f"@{same.group(1)}"),)
+        else:
+            ops = tuple(op_ref(name.strip()) for name in m.group(1).split("|"))
         if self.replace and len(ops) > 1:
             raise StatementError("alternatives ('|') are only allowed in match statements")
         rest = text[m.end() :]
@@ -155,8 +164,10 @@ class _Parser:
         if parts == [""]:
             parts = []
         inputs = tuple(self.argument(part.strip()) for part in parts)
+        same_op = same.group(1) if same else None
         self.specs.append(
-            NodeSpec(outputs, ops, inputs, tuple(attrs), copy_from, index=len(self.specs))
+            NodeSpec(outputs, ops, inputs, tuple(attrs), copy_from or same_op,
+                     index=len(self.specs), same_op_as=same_op)
         )
 
     def attribute(self, text: str) -> AttrSpec:

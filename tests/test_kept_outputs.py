@@ -220,3 +220,42 @@ def test_rmsnorm_below_opset_23_reaches_one_onnxruntime_kernel() -> None:
     assert result.passed, result.validation
     assert sorted(n.op_type for n in result.model.graph) == ["Add",
                                                              "SkipSimplifiedLayerNormalization"]
+
+
+def test_same_op_must_name_a_value_the_match_produces() -> None:
+    text = ("version: 1\nrules:\n  - id: r\n    summary: s\n    match:\n      - z = Relu(x)\n"
+            "    replace:\n      - z = @x(x)\n    tests: []\n")
+    with pytest.raises(RuleFileError) as info:
+        load_rule_text(text)
+    assert any("'@x' must name a value the match produces" in str(p)
+               for p in info.value.problems)
+
+
+def test_new_nodes_see_the_values_of_small_constant_inputs() -> None:
+    """A Reshape to a new constant shape gets concrete dims, so the traffic model and the
+    require_saving guard see real bytes, not unknowns."""
+    from fusectl.shapes import infer_node
+
+    x = dynamic("x", [2, 3, 4])
+    target = const("t", np.array([-1, 4], np.int64))
+    node = ir.Node("", "Reshape", [x, target])
+    assert infer_node(node, {"": 17})
+    assert list(node.outputs[0].shape) == [6, 4]
+
+
+def test_tidy_merges_the_duplicates_rewrites_create() -> None:
+    from fusectl.prepare import tidy
+
+    shape_a = helper.make_tensor("sa", TensorProto.INT64, [2], [-1, 4])
+    shape_b = helper.make_tensor("sb", TensorProto.INT64, [2], [-1, 4])
+    nodes = [helper.make_node("Reshape", ["x", "sa"], ["a"]),
+             helper.make_node("Reshape", ["x", "sb"], ["b"]),
+             helper.make_node("Add", ["a", "b"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [2, 3, 4])], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, None)], [shape_a, shape_b])
+    model = ir.serde.deserialize_model(helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8))
+    tidy(model)
+    assert [n.op_type for n in model.graph] == ["Reshape", "Add"]
+    assert list(model.graph.outputs[0].shape) == [6, 4]

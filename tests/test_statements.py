@@ -378,3 +378,22 @@ def test_split_alternatives_each_parse() -> None:
     assert [specs[-1].outputs for specs in parsed] == [("z",), ("z",)]
     assert parsed[0][-1].inputs == (Ref("%1"), Ref("h"))
     assert parsed[1][-1].inputs == (Ref("x"), Ref("%1"))
+
+
+def test_same_op_as_a_matched_value_in_replace() -> None:
+    """``u = @z(x)`` re-emits the op that produced z, with its attributes (``**z``)."""
+    spec = replace("u = @z(x, c)")[0]
+    assert spec.same_op_as == "z"
+    assert spec.copy_attrs_from == "z"
+    assert spec.inputs == (Ref("x"), Ref("c"))
+    spec = replace("u = @z<alpha=a>(x)")[0]
+    assert (spec.same_op_as, spec.attrs[0].name) == ("z", "alpha")
+    assert replace("u = Relu(x)")[0].same_op_as is None
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("u = @z(x)", "only for replace"),
+])
+def test_same_op_is_not_a_match_pattern(text: str, message: str) -> None:
+    with pytest.raises(StatementError, match=message):
+        match(text)
