@@ -95,8 +95,9 @@ def cli() -> None:
               help="Bind a symbolic dimension (traffic model and generated inputs).")
 @click.option("--input", "input_files", multiple=True, metavar="NAME=FILE.npy",
               help="Validation input from a .npy file (repeatable).")
-@click.option("--inputs", "inputs_npz", type=click.Path(dir_okay=False),
-              help="Validation inputs from an .npz file.")
+@click.option("--inputs", "inputs_npz", type=click.Path(exists=True), metavar="FILE.npz|DIR",
+              help="Validation inputs from an .npz file or a folder of input_<N>.pb "
+                   "TensorProtos (onnx test_data_set layout).")
 @click.option("--input-range", "input_ranges", multiple=True, metavar="NAME=LO:HI",
               help="Range for a generated input.")
 @click.option("--seed", default=0, show_default=True, help="Seed of generated inputs.")
@@ -106,10 +107,32 @@ def cli() -> None:
 @click.option("--rtol", type=click.FloatRange(0), help="Relative tolerance (all outputs).")
 @click.option("--no-validate", is_flag=True, help="Do not run the models on onnxruntime.")
 @click.option("--force", is_flag=True, help="Write the model even if validation fails.")
+@click.option("--allow-revert", is_flag=True,
+              help="Exit 0 (with a warning) when the rule applications that changed outputs "
+                   "were found and reverted.")
+@click.option("--check-intermediates", is_flag=True,
+              help="Also compare the values at every rewrite boundary, to localise drift.")
 @click.option("--no-fold", is_flag=True, help="Do not fold constant subgraphs first.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False),
               help="Write the report as JSON (schema fusectl.optimize/1).")
+@click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False),
+              help="Write a Markdown summary (pull-request comment, $GITHUB_STEP_SUMMARY).")
+@click.option("--junit", "junit_path", type=click.Path(dir_okay=False),
+              help="Write JUnit XML: a test case per output compared and per gate.")
+@click.option("--html", "html_path", type=click.Path(dir_okay=False),
+              help="Write a self-contained HTML page: traffic per layer, fused regions.")
+@click.option("--fail-under-saved", type=click.FloatRange(0, 100), metavar="PCT",
+              help="Exit 1 when less than PCT % of the memory traffic is saved.")
+@click.option("--fail-under-fusions", type=click.IntRange(0), metavar="N",
+              help="Exit 1 when fewer than N rule applications happen.")
+@click.option("--require-rule", "required_rules", multiple=True, metavar="ID",
+              help="Exit 1 unless a rule matching this glob fires (repeatable).")
+@click.option("--check-only", is_flag=True,
+              help="Run, validate, report and apply the gates, but write no model.")
 @click.option("--in-place", is_flag=True, help="Replace MODEL (atomically).")
+@click.option("--backup", is_flag=True,
+              help="With --in-place: keep the original as MODEL.bak (and DATA.bak for its "
+                   "external data).")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors.")
 @click.option("-v", "--verbose", is_flag=True, help="Also list skipped rules, refused "
               "matches and the top nodes by traffic.")
@@ -118,43 +141,236 @@ def optimize(model: Path, output: Path | None, rule_paths: tuple[Path, ...],
              target: str, opset: int | None, dims: tuple[str, ...],
              input_files: tuple[str, ...], inputs_npz: str | None,
              input_ranges: tuple[str, ...], seed: int, samples: int, atol: float | None,
-             rtol: float | None, no_validate: bool, force: bool, no_fold: bool,
-             json_path: str | None, in_place: bool, quiet: bool, verbose: bool) -> None:
+             rtol: float | None, no_validate: bool, force: bool, allow_revert: bool,
+             check_intermediates: bool, no_fold: bool,
+             json_path: str | None, markdown_path: str | None, junit_path: str | None,
+             html_path: str | None, fail_under_saved: float | None,
+             fail_under_fusions: int | None, required_rules: tuple[str, ...],
+             check_only: bool, in_place: bool, backup: bool, quiet: bool,
+             verbose: bool) -> None:
     """Apply the rule set to MODEL, validate on onnxruntime, report and save."""
-    from . import api, modelio, report
+    from . import api, formats, modelio, report
+    from .gates import Gates
+    from .gates import evaluate as evaluate_gates
     from .targets import resolve_target
     from .validate import ValidationOptions, load_input_files
 
     if in_place and output is not None:
         raise BadInputError("--in-place and -o/--output exclude each other")
+    if backup and not in_place:
+        raise BadInputError("--backup only applies to --in-place")
+    if check_only and (in_place or output is not None):
+        raise BadInputError("--check-only writes no model; drop -o/--output and --in-place")
     if no_builtin_rules and not rule_paths:
         raise BadInputError("--no-builtin-rules needs at least one --rules PATH")
     bound = _parse_dims(dims)
     ranges = _parse_ranges(input_ranges)
     target_path = model if in_place else (output or default_output(model))
+    report_paths = {"json": json_path, "markdown": markdown_path, "junit": junit_path,
+                    "html": html_path}
+    formats.check_paths(((f"--{kind}", path) for kind, path in report_paths.items()),
+                        protected=(model, None if check_only else target_path))
+    gates = Gates(fail_under_saved, fail_under_fusions, required_rules)
     active = resolve_target(target)
     rules = api.load_rule_set(rule_paths, builtin=not no_builtin_rules, include=include,
                               exclude=exclude, target=active)
+    gates.check_rules_exist(r.id for r in rules)
+    given = load_input_files(input_files, inputs_npz) if (input_files or inputs_npz) else None
+    options = ValidationOptions(inputs=given, dims=bound, seed=seed, samples=samples,
+                                input_ranges=ranges, rtol=rtol, atol=atol)
+    with report.validation_progress(_stderr, enabled=not quiet and _stderr.is_terminal) as say:
+        result = api.optimize(model, rules=rules, target=active, opset=opset, dims=bound,
+                              check=not no_validate, validation=options,
+                              fold_constants=not no_fold, progress=say,
+                              intermediates=check_intermediates)
+    write = (result.verified or force) and not check_only
+    written = None
+    if write:
+        protect = None if in_place else model
+        if backup:
+            modelio.backup_model(model, result.model)
+        modelio.save_model(result.model, target_path, overwrite_protect=protect)
+        written = str(target_path)
+    verdicts = evaluate_gates(gates, result)
+    document = report.optimize_json(result, output=written, gates=verdicts)
+    for kind, path in report_paths.items():
+        if path:
+            formats.write(document, path, kind)
+    if not quiet:
+        report.print_optimize(result, _stdout, verbose=verbose, output=written)
+        for verdict in verdicts:
+            mark = "[green]met[/green]" if verdict.passed else "[red]NOT MET[/red]"
+            _stdout.print(f"gate {mark}: ", Text(verdict.message), sep="", soft_wrap=True)
+    problems = [v.message for v in verdicts if not v.passed]
+    reverted = result.bisection.reverted if result.bisection and result.verified else ()
+    if reverted:
+        listed = "; ".join(f"{a.rule_id} on {', '.join(a.matched)}" for a in reverted)
+        if allow_revert:
+            _error(f"warning: reverted {len(reverted)} rule application(s) that changed "
+                   f"outputs: {listed}")
+        else:
+            kept = f"wrote {written}" if written else "model NOT written"
+            problems.insert(0, f"{len(reverted)} rule application(s) changed outputs and were "
+                               f"reverted ({listed}); {kept} with every verified fusion "
+                               "(--allow-revert accepts this)")
+    elif not result.passed:
+        hint = "model written anyway (--force)" if written else "optimized model NOT written"
+        problems.insert(0, f"optimized model computes different outputs; {hint}")
+    if problems:
+        raise CheckFailedError("; ".join(problems))
+
+
+def _report_options(schema: str) -> list:
+    """--json/--markdown/--junit/--html for the report and diff commands."""
+    return [
+        click.option("--json", "json_path", type=click.Path(dir_okay=False),
+                     help=f"Write the result as JSON (schema {schema})."),
+        click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False),
+                     help="Write a Markdown summary (pull-request comment, $GITHUB_STEP_SUMMARY)."),
+        click.option("--junit", "junit_path", type=click.Path(dir_okay=False),
+                     help="Write JUnit XML (where the format has test cases for it)."),
+        click.option("--html", "html_path", type=click.Path(dir_okay=False),
+                     help="Write a self-contained HTML page (where available)."),
+    ]
+
+
+def _with_options(options: list):
+    def apply(function):
+        for option in reversed(options):
+            function = option(function)
+        return function
+    return apply
+
+
+def _write_reports(document: dict, paths: dict[str, str | None]) -> None:
+    """Render every requested format first (an unsupported one is bad usage and nothing is
+    written), then write each file atomically."""
+    from . import formats
+
+    wanted = {kind: path for kind, path in paths.items() if path}
+    for kind in wanted:
+        try:
+            formats.render(document, kind)
+        except formats.UnsupportedDocument as exc:
+            raise BadInputError(f"--{kind}: {exc}") from None
+    for kind, path in wanted.items():
+        formats.write(document, path, kind)
+
+
+@cli.command("report", short_help="Traffic, FLOPs and roofline of a model; rules dry run.")
+@click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--device", default="cpu", show_default=True, metavar="cpu|a100|h100|FILE",
+              help="Device profile for the roofline: a built-in name or a YAML file with "
+                   "bandwidth_gb_s and peak_gflop_s.")
+@click.option("--conv-algo", type=click.Choice(["direct", "im2col", "indirect"]),
+              default="direct", show_default=True,
+              help="Convolution algorithm of the traffic model (im2col/indirect add their "
+                   "work buffers).")
+@click.option("--rules", "rule_paths", multiple=True, type=click.Path(path_type=Path),
+              help="Rule file or folder, added to the built-in library (repeatable).")
+@click.option("--no-builtin-rules", is_flag=True, help="Use only the --rules files.")
+@click.option("--rule", "include", multiple=True, metavar="ID",
+              help="Only rules whose id matches this glob (repeatable).")
+@click.option("--skip-rule", "exclude", multiple=True, metavar="ID",
+              help="Skip rules whose id matches this glob (repeatable).")
+@click.option("--target", default="onnx", show_default=True, metavar="onnx|onnxruntime|FILE",
+              help="Target of the dry run, as for optimize.")
+@click.option("--opset", type=click.IntRange(1, 99), help="Upgrade the model to this opset first.")
+@click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE",
+              help="Bind a symbolic dimension (unbound ones count as 1).")
+@click.option("--top", default=10, show_default=True, type=click.IntRange(0),
+              help="How many of the heaviest kernels to list.")
+@_with_options(_report_options("fusectl.report/1"))
+@click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors.")
+@click.option("-v", "--verbose", is_flag=True, help="Also list every kernel and skipped rules.")
+def report_command(model: Path, device: str, conv_algo: str, rule_paths: tuple[Path, ...],
+                   no_builtin_rules: bool, include: tuple[str, ...], exclude: tuple[str, ...],
+                   target: str, opset: int | None, dims: tuple[str, ...], top: int,
+                   json_path: str | None, markdown_path: str | None, junit_path: str | None,
+                   html_path: str | None, quiet: bool, verbose: bool) -> None:
+    """Memory traffic, FLOPs and roofline of MODEL, and what the rules would save (dry run;
+    nothing is written but --json)."""
+    from . import api, formats
+    from .analysis import report_document, report_model
+    from .report_views import print_report
+    from .roofline import load_device
+    from .targets import resolve_target
+
+    if no_builtin_rules and not rule_paths:
+        raise BadInputError("--no-builtin-rules needs at least one --rules PATH")
+    bound = _parse_dims(dims)
+    paths = {"json": json_path, "markdown": markdown_path, "junit": junit_path,
+             "html": html_path}
+    formats.check_paths(((f"--{kind}", path) for kind, path in paths.items()),
+                        protected=(model,))
+    profile = load_device(device)
+    active = resolve_target(target)
+    rules = api.load_rule_set(rule_paths, builtin=not no_builtin_rules, include=include,
+                              exclude=exclude, target=active)
+    with _status(quiet) as say:
+        say("measuring and dry-running the rules")
+        result = report_model(model, rules=rules, target=active, opset=opset, dims=bound,
+                              device=profile, conv_algo=conv_algo, top=top)
+    _write_reports(report_document(result), paths)
+    if not quiet:
+        print_report(result, _stdout, verbose=verbose)
+
+
+@cli.command("diff", short_help="Compare two models: structure, traffic, outputs.")
+@click.argument("model_a", metavar="A", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("model_b", metavar="B", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--structural-only", is_flag=True, help="Compare structure only; run nothing.")
+@click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE",
+              help="Bind a symbolic dimension (traffic model and generated inputs).")
+@click.option("--input", "input_files", multiple=True, metavar="NAME=FILE.npy",
+              help="Input from a .npy file (repeatable).")
+@click.option("--inputs", "inputs_npz", type=click.Path(dir_okay=False),
+              help="Inputs from an .npz file.")
+@click.option("--input-range", "input_ranges", multiple=True, metavar="NAME=LO:HI",
+              help="Range for a generated input.")
+@click.option("--seed", default=0, show_default=True, help="Seed of generated inputs.")
+@click.option("--samples", default=1, show_default=True, type=click.IntRange(1, 1000),
+              help="Number of input sets to compare on.")
+@click.option("--atol", type=click.FloatRange(0), help="Absolute tolerance (all outputs).")
+@click.option("--rtol", type=click.FloatRange(0), help="Relative tolerance (all outputs).")
+@_with_options(_report_options("fusectl.diff/1"))
+@click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors.")
+@click.option("-v", "--verbose", is_flag=True, help="List every changed node and initializer.")
+def diff_command(model_a: Path, model_b: Path, structural_only: bool, dims: tuple[str, ...],
+                 input_files: tuple[str, ...], inputs_npz: str | None,
+                 input_ranges: tuple[str, ...], seed: int, samples: int, atol: float | None,
+                 rtol: float | None, json_path: str | None, markdown_path: str | None,
+                 junit_path: str | None, html_path: str | None, quiet: bool,
+                 verbose: bool) -> None:
+    """Compare model B with model A: IO signature, opsets, ops, nodes, initializers, traffic,
+    and outputs on the same inputs. Exit 1 when the IO signature or the outputs differ."""
+    from . import formats
+    from .diff import diff_document, diff_models
+    from .report_views import print_diff
+    from .validate import ValidationOptions, load_input_files
+
+    bound = _parse_dims(dims)
+    ranges = _parse_ranges(input_ranges)
+    paths = {"json": json_path, "markdown": markdown_path, "junit": junit_path,
+             "html": html_path}
+    formats.check_paths(((f"--{kind}", path) for kind, path in paths.items()),
+                        protected=(model_a, model_b))
     given = load_input_files(input_files, inputs_npz) if (input_files or inputs_npz) else None
     options = ValidationOptions(inputs=given, dims=bound, seed=seed, samples=samples,
                                 input_ranges=ranges, rtol=rtol, atol=atol)
     with _status(quiet) as say:
-        result = api.optimize(model, rules=rules, target=active, opset=opset, dims=bound,
-                              check=not no_validate, validation=options,
-                              fold_constants=not no_fold, progress=say)
-    write = result.passed or force
-    written = None
-    if write:
-        protect = None if in_place else model
-        modelio.save_model(result.model, target_path, overwrite_protect=protect)
-        written = str(target_path)
-    if json_path:
-        report.write_json(report.optimize_json(result, output=written), json_path)
+        result = diff_models(model_a, model_b, structural_only=structural_only,
+                             validation=options, dims=bound, progress=say)
+    _write_reports(diff_document(result), paths)
     if not quiet:
-        report.print_optimize(result, _stdout, verbose=verbose, output=written)
-    if not result.passed:
-        hint = "model written anyway (--force)" if written else "optimized model NOT written"
-        raise CheckFailedError(f"optimized model computes different outputs; {hint}")
+        print_diff(result, _stdout, verbose=verbose)
+    problems = []
+    if not result.io_same:
+        problems.append("the IO signatures differ")
+    if not result.numerics_passed:
+        problems.append("the outputs differ beyond tolerance")
+    if problems:
+        raise CheckFailedError(" and ".join(problems))
 
 
 @cli.group()
@@ -241,20 +457,33 @@ def rules_lint(paths: tuple[Path, ...]) -> None:
 @click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
 @click.option("--rule", "include", multiple=True, metavar="ID", help="Only these rules (glob).")
 @click.option("--seed", default=0, show_default=True)
-def rules_test(paths: tuple[Path, ...], include: tuple[str, ...], seed: int) -> None:
+@click.option("--junit", "junit_path", type=click.Path(dir_okay=False),
+              help="Write JUnit XML: one test case per rule test.")
+@click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False),
+              help="Write a Markdown summary (failures listed).")
+def rules_test(paths: tuple[Path, ...], include: tuple[str, ...], seed: int,
+               junit_path: str | None, markdown_path: str | None) -> None:
     """Run the embedded tests of rules (the built-in library when no PATH is given)."""
     from rich.progress import Progress
 
+    from . import formats
     from .api import load_rule_set
     from .report import print_rule_tests
     from .ruletest import run_tests
 
+    report_paths = {"junit": junit_path, "markdown": markdown_path}
+    formats.check_paths(((f"--{kind}", path) for kind, path in report_paths.items()),
+                        protected=paths)
     compiled = load_rule_set(paths, builtin=not paths, include=include)
     total = sum(len(r.rule.tests) for r in compiled)
     with Progress(console=_stderr, transient=True, disable=not _stderr.is_terminal) as bar:
         task = bar.add_task("rule tests", total=total)
         outcomes = run_tests(compiled, seed=seed, on_result=lambda _o: bar.advance(task))
     print_rule_tests(outcomes, _stdout)
+    document = formats.rule_tests_document(outcomes)
+    for kind, path in report_paths.items():
+        if path:
+            formats.write(document, path, kind)
     if any(not o.passed for o in outcomes):
         raise CheckFailedError(f"{sum(not o.passed for o in outcomes)} rule tests failed")
 

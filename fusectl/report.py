@@ -7,18 +7,30 @@ README.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
 from rich.table import Table
 from rich.text import Text
 
 from . import __version__
-from .api import OptimizeResult
+from .api import Bisection, OptimizeResult
+from .gates import GateResult
+from .rewrite import Application
 from .ruletest import TestOutcome
+from .traffic import TrafficReport
+from .validate import (
+    HISTOGRAM_LABELS,
+    OutputComparison,
+    ProgressStep,
+    ValidationResult,
+    comparison_to_dict,
+)
 from .validate import to_dict as validation_to_dict
 
 JSON_SCHEMA = "fusectl.optimize/1"
@@ -126,32 +138,172 @@ def print_optimize(result: OptimizeResult, console: Console, *, verbose: bool = 
              for n in ta.top(10)),
             right=("read", "written"),
         ))
-    print_validation(result, console)
+    print_validation(result, console, verbose=verbose)
     if output:
         console.print(f"wrote {output}")
 
 
-def print_validation(result: OptimizeResult, console: Console) -> None:
+def print_validation(result: OptimizeResult, console: Console, *,
+                     verbose: bool = False) -> None:
+    """Validation verdicts per output, what bisection reverted, the rewrite boundaries
+    compared (``--check-intermediates``) and, when ``verbose``, the error histograms."""
     validation = result.validation
     if validation is None:
         console.print("[yellow]validation skipped (--no-validate)[/yellow]")
         return
-    table = Table(title="Validation on onnxruntime (optimizations disabled)",
-                  title_justify="left")
-    for col in ("output", "dtype", "shape", "max abs", "max rel", "cosine", "% out", "status"):
-        table.add_column(col)
+    title = "Validation on onnxruntime (optimizations disabled)"
+    bisection = result.bisection
+    if bisection is not None:
+        _print_comparisons(bisection.initial, console, verbose, title + ": every rule applied")
+        _print_bisection(bisection, console)
+        if bisection.reverted:
+            title += ": after reverting"
+    if bisection is None or bisection.reverted:
+        _print_comparisons(validation, console, verbose, title)
+    if result.intermediates is not None:
+        _print_boundaries(result, console)
+    if bisection is not None and bisection.reverted and validation.passed:
+        count = len(bisection.reverted)
+        console.print(f"validation: [yellow]outputs differed; they match after reverting {count} "
+                      f"rule application{'s' if count > 1 else ''}[/yellow]")
+        return
+    verdict = "[green]outputs match[/green]" if validation.passed else "[red]outputs differ[/red]"
+    console.print(f"validation: {verdict}")
+
+
+def _print_comparisons(validation: ValidationResult, console: Console, verbose: bool,
+                       title: str) -> None:
+    table = Table(title=title, title_justify="left")
+    several = validation.samples > 1
+    columns = ["output", *(["sample"] if several else []), "dtype", "shape", "max abs",
+               "max rel", "cosine", "% out", "status"]
+    for col in columns:
+        table.add_column(col, justify="right" if col in _NUMERIC_COLUMNS else "left")
     for out in validation.outputs:
         status = "[green]ok[/green]" if out.passed else "[red]MISMATCH[/red]"
         if out.nondeterministic:
             status = "[yellow]non-deterministic[/yellow]"
-        table.add_row(out.name, out.dtype, str(list(out.shape)), _fmt_float(out.max_abs),
-                      _fmt_float(out.max_rel), _fmt_float(out.cosine),
+        sample = "fp16 range" if out.range_sample else str(out.sample)
+        cells = [Text(out.name), *([sample] if several else []), out.dtype,
+                 str(list(out.shape)), _fmt_float(out.max_abs), _fmt_float(out.max_rel),
+                 _fmt_float(out.cosine), _fmt_float(out.pct_out_of_tol), status]
+        table.add_row(*cells)
+    console.print(table)
+    if validation.compute_dtype:
+        console.print(f"the model computes in {validation.compute_dtype}: its float outputs are "
+                      f"judged with {validation.compute_dtype} tolerances")
+    if validation.range_scale:
+        scale = f"{validation.range_scale:g}"
+        console.print(f"fp16 range sample: generated floats in [-{scale}, {scale}), the widest "
+                      "range the model's own float16 values stay finite in")
+    if validation.error:
+        console.print(Text(validation.error, style="red"))
+    for out in validation.outputs:
+        if not out.passed and out.reason:
+            console.print(Text(f"  {out.name}: {out.reason}", style="red"))
+    if verbose:
+        for out in validation.outputs:
+            _print_histogram(out, console)
+
+
+_NUMERIC_COLUMNS = {"max abs", "max rel", "cosine", "% out", "count"}
+
+
+def _bucket_text(label: str) -> str:
+    if label == "0":
+        return "exact"
+    if label == "nan/inf":
+        return "NaN/Inf mismatch"
+    if label.startswith(("<", ">=")):
+        return label.replace(">=", ">= ")
+    exponent = int(label[2:])
+    return f"[1e{exponent}, 1e{exponent + 1})"
+
+
+def _print_histogram(out: OutputComparison, console: Console) -> None:
+    """Absolute errors of one output per decade, as a small bar chart."""
+    if not out.histogram:
+        return
+    total = max(sum(out.histogram), 1)
+    sample = " (fp16 range sample)" if out.range_sample else f" (sample {out.sample})"
+    table = Table(title=f"|candidate - reference| of {out.name}{sample}", title_justify="left")
+    for col in ("error", "count", ""):
+        table.add_column(col, justify="right" if col == "count" else "left")
+    for label, count in zip(HISTOGRAM_LABELS, out.histogram, strict=True):
+        if count:
+            bar = "#" * max(1, round(30 * count / total))
+            table.add_row(_bucket_text(label), str(count), bar)
+    console.print(table)
+
+
+def _application_text(app: Application) -> Text:
+    return Text.assemble((app.rule_id, "bold"), " on ", ", ".join(app.matched))
+
+
+def _print_bisection(bisection: Bisection, console: Console) -> None:
+    seconds = f"{bisection.validations} candidate validations, {bisection.seconds:.1f} s"
+    if not bisection.explained:
+        console.print(Text(
+            f"bisection ({seconds}): the prepared model without any rule application already "
+            "differs (constant folding or a non-deterministic model); nothing reverted",
+            style="red"))
+        return
+    console.print(Text(f"bisection ({seconds}) reverted {len(bisection.reverted)} rule "
+                       "application(s) that changed outputs:", style="yellow"))
+    unverified = set(bisection.unverified)
+    for app in bisection.reverted:
+        note = " (unverified: bisection budget ran out)" if app in unverified else ""
+        console.print(Text("  ").append_text(_application_text(app)).append(note))
+    if bisection.lost:
+        console.print(Text(f"{len(bisection.lost)} other application(s) built on a reverted "
+                           "one and were not re-applied:", style="yellow"))
+        for app in bisection.lost:
+            console.print(Text("  ").append_text(_application_text(app)))
+
+
+def _print_boundaries(result: OptimizeResult, console: Console) -> None:
+    boundaries = result.intermediates or ()
+    if not boundaries:
+        console.print("intermediate values: no rewrite boundary exists by name in both models")
+        return
+    table = Table(title="Values at rewrite boundaries (topological order)",
+                  title_justify="left")
+    for col in ("value", "rule", "max abs", "max rel", "% out", "status"):
+        table.add_column(col, justify="right" if col in _NUMERIC_COLUMNS else "left")
+    for boundary in boundaries:
+        out = boundary.comparison
+        status = "[green]ok[/green]" if out.passed else "[red]DRIFT[/red]"
+        if out.nondeterministic:
+            status = "[yellow]non-deterministic[/yellow]"
+        table.add_row(Text(boundary.value), Text(boundary.application.rule_id),
+                      _fmt_float(out.max_abs), _fmt_float(out.max_rel),
                       _fmt_float(out.pct_out_of_tol), status)
     console.print(table)
-    if validation.error:
-        console.print(f"[red]{validation.error}[/red]")
-    verdict = "[green]outputs match[/green]" if validation.passed else "[red]outputs differ[/red]"
-    console.print(f"validation: {verdict}")
+    drift = result.first_drift
+    if drift is not None:
+        console.print(Text("first drift: ", style="red").append(drift.value).append(
+            " (").append_text(_application_text(drift.application)).append(")"))
+
+
+@contextlib.contextmanager
+def validation_progress(console: Console, *, enabled: bool) -> Iterator[Callable[[str], None]]:
+    """A progress callback: stage names, and a bar over a session's runs (ProgressStep)."""
+    if not enabled:
+        yield lambda _message: None
+        return
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+               MofNCompleteColumn())
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task("starting", total=None)
+
+        def update(message: str) -> None:
+            if isinstance(message, ProgressStep):
+                bar.update(task, description=str(message), completed=message.done,
+                           total=message.total)
+            else:
+                bar.update(task, description=str(message), completed=0, total=None)
+
+        yield update
 
 
 def print_rule_tests(outcomes: Iterable[TestOutcome], console: Console) -> None:
@@ -169,8 +321,10 @@ def print_rule_tests(outcomes: Iterable[TestOutcome], console: Console) -> None:
 # ---------------------------------------------------------------------------- json
 
 
-def optimize_json(result: OptimizeResult, *, output: str | None = None) -> dict[str, Any]:
-    """The ``--json`` document of ``fusectl optimize`` (schema ``fusectl.optimize/1``)."""
+def optimize_json(result: OptimizeResult, *, output: str | None = None,
+                  gates: Iterable[GateResult] = ()) -> dict[str, Any]:
+    """The ``--json`` document of ``fusectl optimize`` (schema ``fusectl.optimize/1``);
+    ``gates`` are the verdicts of the CI gates the run was given."""
     tb, ta = result.traffic_before, result.traffic_after
     rw = result.rewrite
     saved = rw.saved_by_rule()
@@ -224,7 +378,51 @@ def optimize_json(result: OptimizeResult, *, output: str | None = None) -> dict[
             "unknown_shape_nodes_after": ta.unknown_nodes,
         },
         "validation": validation_to_dict(result.validation) if result.validation else None,
+        "bisection": _bisection_json(result.bisection),
+        "intermediates": None if result.intermediates is None else [
+            {"value": b.value, "rule": b.application.rule_id,
+             "matched": list(b.application.matched), **comparison_to_dict(b.comparison)}
+            for b in result.intermediates
+        ],
         "seconds": {k: round(v, 4) for k, v in result.seconds.items()},
+        "node_traffic": {"before": _node_rows(tb), "after": _node_rows(ta)},
+        "gates": [gate.to_dict() for gate in gates],
+    }
+
+
+def _node_rows(report: TrafficReport) -> list[dict[str, Any]]:
+    """Per-node traffic in graph order: what the HTML chart draws, bar by bar."""
+    return [
+        {
+            "name": n.name,
+            "op": n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}.{n.op_type}",
+            "bytes_read": n.bytes_read,
+            "bytes_written": n.bytes_written,
+            "flops": n.flops,
+            "kernel": n.is_kernel,
+            "known": n.known,
+        }
+        for n in report.nodes
+    ]
+
+
+def _bisection_json(bisection: Bisection | None) -> dict[str, Any] | None:
+    """What bisection reverted and why; ``validation`` then describes the kept model."""
+    if bisection is None:
+        return None
+
+    def apps(applications: Iterable[Application]) -> list[dict[str, Any]]:
+        return [{"rule": a.rule_id, "matched": list(a.matched), "created": list(a.created)}
+                for a in applications]
+
+    return {
+        "explained": bisection.explained,
+        "reverted": apps(bisection.reverted),
+        "unverified": apps(bisection.unverified),
+        "lost": apps(bisection.lost),
+        "validations": bisection.validations,
+        "seconds": round(bisection.seconds, 4),
+        "initial_validation": validation_to_dict(bisection.initial),
     }
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import onnx_ir as ir
@@ -129,12 +129,15 @@ def apply_rules(
     target: str | Sequence[str] = "onnx",
     max_passes: int = MAX_PASSES,
     dims: Mapping[str, int] | None = None,
+    accept: Callable[[str, tuple[str, ...]], bool] | None = None,
 ) -> RewriteResult:
     """Apply ``rules`` in order, pass after pass, until nothing changes.
 
     Each pass runs every rule over every graph in order; a pass in which no rule
     fired ends the loop. A rule may fire at most once per node present when the
     pass started (plus one), which bounds a rule that would rewrite its own output.
+    ``accept(rule_id, matched node names)``, when given, may refuse an application
+    before it is committed (bisection replays a rewrite without chosen applications).
     """
     active: list[CompiledRule] = []
     skipped: list[tuple[str, str]] = []
@@ -163,6 +166,8 @@ def apply_rules(
                         if more and rule.rule.group.require_saving:
                             reject(rewrite.root, more)
                             continue
+                        if accept and not accept(rewrite.rule_id, _matched_names(rewrite)):
+                            continue
                         applications.append(
                             _apply(model, graph, rewrite, names, pass_number, dims)
                         )
@@ -182,6 +187,8 @@ def apply_rules(
                         _reject(rejections, rule.id, node, str(exc))
                         continue
                     if rewrite is None:
+                        continue
+                    if accept and not accept(rewrite.rule_id, _matched_names(rewrite)):
                         continue
                     applications.append(
                         _apply(model, graph, rewrite, names, pass_number, dims)
@@ -219,7 +226,7 @@ def _apply(model: ir.Model, graph: ir.Graph, rewrite: Rewrite, names: _Names,
            pass_number: int, dims: Mapping[str, int] | None) -> Application:
     """Put a rewrite into the graph: fresh names, rewiring, insertion, removal."""
     bytes_before = _bytes(rewrite.matched_nodes, dims)
-    matched = tuple(n.name or n.op_type for n in rewrite.matched_nodes)
+    matched = _matched_names(rewrite)
     matched_ops = tuple(n.op_type for n in rewrite.matched_nodes)
     root_name = rewrite.root.name or rewrite.root.op_type
     init_names = []
@@ -272,6 +279,10 @@ def _apply(model: ir.Model, graph: ir.Graph, rewrite: Rewrite, names: _Names,
         bytes_after,
         pass_number,
     )
+
+
+def _matched_names(rewrite: Rewrite) -> tuple[str, ...]:
+    return tuple(n.name or n.op_type for n in rewrite.matched_nodes)
 
 
 def _costs_traffic(rewrite: Rewrite, model: ir.Model, dims: Mapping[str, int] | None

@@ -44,7 +44,10 @@ Gemm and MatMul and their quantized variants, 0 elsewhere):
 * Reductions (Reduce*, ArgMax/ArgMin): 1 per *input* element.  Softmax/LogSoftmax: 5 per
   element.  BatchNormalization: 2 per element (inference: a folded scale and shift).
   Layer/RMS/Instance/Group normalization and MeanVarianceNormalization: 8 per element.
-  LpNormalization: 3 per element.  Gelu: 8 per element.
+  LpNormalization: 3 per element.  Gelu: like its decomposition, 5 per element for the
+  erf form ``0.5*x*(1 + erf(x/sqrt(2)))``, 8 for ``approximate="tanh"``;
+  ``com.microsoft`` Gelu 5, BiasGelu 6 (the bias add), FastGelu 8 (+1 with a bias),
+  QuickGelu ``x*sigmoid(alpha*x)`` 3.
 * Pools: output elements * prod(kernel_shape); global pools: 1 per input element.
 * Pure data movement (Transpose, Concat, Gather, Slice, Cast, Pad, ...) and views: 0.
 * Anything else (Einsum, LSTM, Resize, TopK, control flow, ...): 0 FLOPs and the node is
@@ -55,6 +58,27 @@ Gemm and MatMul and their quantized variants, 0 elsewhere):
 * A function call: the sum of its body nodes' FLOPs, with body shapes propagated from the
   call site (the body usually has no shape annotations).  A body node whose FLOPs cannot
   be determined is estimated as elementwise over the call's outputs.
+* Attention (ONNX ``Attention``, ``com.microsoft.MultiHeadAttention``): costed like the
+  decomposition it replaces, so fusing it does not change the FLOPs.  With ``S =
+  batch*q_heads*q_len*kv_len`` scores (``kv_len`` includes a past key), ``D``/``Dv`` the
+  key/value head sizes: MACs ``S*(D + Dv)`` (Q.K^T and P.V); FLOPs ``2*MACs + 6*S``
+  (scale 1, softmax 5) ``+ S`` with a mask or ``is_causal`` ``+ 3*S`` with ``softcap``;
+  MultiHeadAttention adds one FLOP per element of Q, K and V when it has a bias.
+* ``com.microsoft`` FusedMatMul/FusedGemm: like MatMul/Gemm (transposes honoured), plus one
+  FLOP per output element for a scale ``alpha != 1`` (FusedMatMul) or an activation
+  (FusedGemm).
+
+Convolution algorithm (``conv_algo``, SPEC section 6): ``direct`` (default) costs a Conv
+as above.  ``im2col`` adds the write and the read of the column buffer: it holds
+``OH*OW*KH*KW*C/group`` elements (the input's dtype) per image and group and is filled
+once per group, so the traffic grows by ``2 * N*OH*OW*KH*KW*C * itemsize``.  ``indirect``
+adds the read of the indirection buffer, ``N*OH*OW*KH*KW`` pointers of 8 bytes (it is
+built once when the model is loaded, so it is read, not written).  A pointwise Conv (1x1
+kernel, stride 1, no padding) needs neither buffer: its input already is the GEMM
+operand.  This applies to Conv, ConvInteger, QLinearConv and ``com.microsoft.FusedConv``;
+the extra bytes are also given as ``NodeTraffic.workspace_bytes``.  ConvTranspose and the
+bodies of fused kernels (whose convolution algorithm is the target's business) are
+costed as direct.
 """
 
 from __future__ import annotations
@@ -71,6 +95,7 @@ import onnx_ir as ir
 from fusectl.errors import BadInputError
 
 __all__ = [
+    "CONV_ALGOS",
     "NodeTraffic",
     "TrafficReport",
     "constant_values",
@@ -82,6 +107,11 @@ Dims = tuple[int, ...]
 ShapeOf = Callable[[ir.Value | None], Dims | None]
 AttrOf = Callable[[str], object]
 FunctionKey = tuple[str, str, str]
+
+CONV_ALGOS = ("direct", "im2col", "indirect")
+# Before IR version 4 initializers had to be graph inputs too; runtimes treat them as constants.
+_LEGACY_IR_VERSION = 4
+POINTER_BYTES = 8
 
 # ---------------------------------------------------------------------------------------
 # Public data model
@@ -97,6 +127,8 @@ class NodeTraffic:
     unknown, so the bytes (and maybe FLOPs) are a lower bound; view ops stay known since
     they move nothing anyway.  ``macs`` is 0 for ops without multiply-accumulates.
     ``flops_counted`` is False for ops the FLOPs model does not cover (0 FLOPs reported).
+    ``workspace_bytes`` is the part of ``bytes_read + bytes_written`` spent on a
+    convolution's column or indirection buffer (0 unless ``conv_algo`` asks for one).
     """
 
     name: str
@@ -110,6 +142,7 @@ class NodeTraffic:
     known: bool
     macs: int = 0
     flops_counted: bool = True
+    workspace_bytes: int = 0
 
     @property
     def bytes_total(self) -> int:
@@ -164,6 +197,11 @@ class TrafficReport:
     def macs(self) -> int:
         """Total multiply-accumulates of the MAC-shaped ops (Conv, Gemm, MatMul, ...)."""
         return sum(n.macs for n in self.nodes)
+
+    @property
+    def workspace_bytes(self) -> int:
+        """Bytes moved through convolution work buffers (``conv_algo`` im2col/indirect)."""
+        return sum(n.workspace_bytes for n in self.nodes)
 
     @property
     def param_bytes(self) -> int:
@@ -236,7 +274,8 @@ _BINARY_OPS = (
 )
 # FLOPs per output element.
 _PER_OUTPUT: dict[str, int] = {op: 1 for op in _names(_UNARY_OPS + " " + _BINARY_OPS)}
-_PER_OUTPUT.update({"Gelu": 8, "QuantizeLinear": 2, "DequantizeLinear": 2})
+_PER_OUTPUT.update({"QuantizeLinear": 2, "DequantizeLinear": 2})
+_GELU_FLOPS = {"none": 5, "tanh": 8}  # per element, as the decomposed forms
 _VARIADIC_OPS = frozenset({"Sum", "Max", "Min", "Mean"})
 # FLOPs per element of input 0.
 _PER_INPUT: dict[str, int] = {
@@ -289,10 +328,6 @@ _MATMUL_LAYOUT: dict[str, tuple[int, int]] = {
 }
 # Well-known onnxruntime contrib ops, costed like their ONNX counterpart.
 _CONTRIB_EQUIVALENT: dict[str, str] = {
-    "Gelu": "Gelu",
-    "FastGelu": "Gelu",
-    "BiasGelu": "Gelu",
-    "QuickGelu": "Gelu",
     "FusedConv": "Conv",
     "SkipLayerNormalization": "LayerNormalization",
     "SkipSimplifiedLayerNormalization": "LayerNormalization",
@@ -371,16 +406,19 @@ def _is_weight(value: ir.Value) -> bool:
     return producer is not None and _is_constant_node(producer)
 
 
-def constant_values(graph: ir.Graph) -> set[ir.Value]:
+def constant_values(graph: ir.Graph, *, legacy_inputs: bool = False) -> set[ir.Value]:
     """Values of ``graph`` known at load time, which a runtime would constant-fold.
 
     Seeds are initializers that are not graph inputs (a graph input may override them)
-    and outputs of Constant nodes; then every output of a node whose inputs are all
-    constant.  Propagation is a worklist over uses, so it is linear and does not depend on
-    the nodes being stored in topological order.  Only the main graph's nodes are
-    considered.
+    and outputs of Constant nodes - with ``legacy_inputs`` (IR version < 4, where every
+    initializer had to be listed as an input) all initializers, as onnxruntime does; then
+    every output of a node whose inputs are all constant.  Propagation is a worklist over
+    uses, so it is linear and does not depend on the nodes being stored in topological
+    order.  Only the main graph's nodes are considered.
     """
-    constants: set[ir.Value] = {v for v in graph.initializers.values() if not v.is_graph_input()}
+    constants: set[ir.Value] = {
+        v for v in graph.initializers.values() if legacy_inputs or not v.is_graph_input()
+    }
     nodes = list(graph)
     for node in nodes:
         if _is_constant_node(node):
@@ -430,11 +468,19 @@ def constant_values(graph: ir.Graph) -> set[ir.Value]:
 class _Ctx:
     """Per-call state: dim bindings, local functions and memo tables."""
 
-    __slots__ = ("dims", "functions", "symbols", "shapes", "sizes", "fn_cache", "stack")
+    __slots__ = (
+        "dims", "functions", "conv_algo", "symbols", "shapes", "sizes", "fn_cache", "stack"
+    )
 
-    def __init__(self, dims: Mapping[str, int], functions: Mapping[FunctionKey, ir.Function]):
+    def __init__(
+        self,
+        dims: Mapping[str, int],
+        functions: Mapping[FunctionKey, ir.Function],
+        conv_algo: str = "direct",
+    ):
         self.dims = dims
         self.functions = functions
+        self.conv_algo = conv_algo
         self.symbols: dict[str, int | None] = {}
         self.shapes: dict[ir.Value, Dims | None] = {}
         self.sizes: dict[ir.Value, int | None] = {}
@@ -643,7 +689,7 @@ def _infer_output(node: ir.Node, shape_of: ShapeOf, attr_of: AttrOf) -> Dims | N
     def inp(i: int) -> Dims | None:
         return shape_of(ins[i]) if i < len(ins) else None
 
-    if op in _PER_OUTPUT or op in _VARIADIC_OPS:
+    if op in _PER_OUTPUT or op in _VARIADIC_OPS or op == "Gelu":
         return _broadcast(shape_of(v) for v in ins if v is not None)
     if (op in _PER_INPUT and op not in _REDUCE_OPS and not op.startswith(("Arg", "Global"))) or (
         op in {"Cast", "CastLike", "Identity", "Dropout", "Hardmax"}
@@ -738,8 +784,154 @@ def _gemm_mnk(
     return m, n, k
 
 
+def _float(attr_of: AttrOf, name: str, default: float) -> float:
+    value = attr_of(name)
+    return default if value is None else float(value)  # type: ignore[arg-type]
+
+
+def _attention_cost(scores: int, d: int, dv: int, extra_per_score: int) -> _Flops:
+    """Q.K^T and P.V as MACs; scale (1) and softmax (5) plus ``extra`` per score."""
+    macs = scores * (d + dv)
+    return _Flops(2 * macs + (6 + extra_per_score) * scores, macs, "ok")
+
+
+def _attention_flops(node: ir.Node, shape_of: ShapeOf, attr_of: AttrOf) -> _Flops:
+    """ONNX Attention (opset 23): Q/K/V either [B, H, L, D] or [B, L, H*D]."""
+    ins = node.inputs
+
+    def inp(i: int) -> Dims | None:
+        return shape_of(ins[i]) if i < len(ins) and ins[i] is not None else None
+
+    q, k, v = inp(0), inp(1), inp(2)
+    if q is None or k is None or v is None or not len(q) == len(k) == len(v):
+        return _UNKNOWN
+    past = inp(4)
+    past_len = past[2] if past is not None and len(past) == 4 else 0
+    if len(q) == 4:
+        batch, heads, q_len, d = q
+        kv_len, dv = k[2], v[3]
+    elif len(q) == 3:
+        heads, kv_heads = attr_of("q_num_heads"), attr_of("kv_num_heads")
+        if not heads or not kv_heads:
+            return _UNKNOWN
+        heads, kv_heads = int(heads), int(kv_heads)  # type: ignore[call-overload]
+        batch, q_len = q[0], q[1]
+        d, kv_len, dv = q[2] // heads, k[1], v[2] // kv_heads
+    else:
+        return _UNKNOWN
+    extra = 0
+    if (len(ins) > 3 and ins[3] is not None) or _int(attr_of, "is_causal", 0):
+        extra += 1  # the mask is added (or applied) once per score
+    if _float(attr_of, "softcap", 0.0) > 0:
+        extra += 3  # softcap * tanh(x / softcap)
+    return _attention_cost(batch * heads * q_len * (kv_len + past_len), d, dv, extra)
+
+
+def _multihead_attention_flops(node: ir.Node, shape_of: ShapeOf, attr_of: AttrOf) -> _Flops:
+    """com.microsoft.MultiHeadAttention: query [B, S, H*D]; key/value [B, L, H*D] or
+    [B, H, L, D]; or query packed as [B, S, H, 3, D] without key and value."""
+    ins = node.inputs
+
+    def inp(i: int) -> Dims | None:
+        return shape_of(ins[i]) if i < len(ins) and ins[i] is not None else None
+
+    heads = attr_of("num_heads")
+    q = inp(0)
+    if not heads or q is None:
+        return _UNKNOWN
+    heads = int(heads)  # type: ignore[call-overload]
+    k, v = inp(1), inp(2)
+    if len(q) == 5 and k is None and v is None:  # packed QKV
+        batch, q_len, _, _, d = q
+        kv_len, dv = q_len, d
+        qkv_elements = math.prod(q)
+    elif len(q) == 3 and k is not None and v is not None and len(k) == len(v):
+        batch, q_len = q[0], q[1]
+        d = q[2] // heads
+        if len(k) == 3:
+            kv_len, dv = k[1], v[2] // heads
+        elif len(k) == 4:
+            kv_len, dv = k[2], v[3]
+        else:
+            return _UNKNOWN
+        qkv_elements = math.prod(q) + math.prod(k) + math.prod(v)
+    else:
+        return _UNKNOWN
+    past = inp(6)
+    past_len = past[2] if past is not None and len(past) == 4 else 0
+    extra = 1 if (inp(4) is not None or inp(5) is not None) else 0
+    cost = _attention_cost(batch * heads * q_len * (kv_len + past_len), d, dv, extra)
+    if inp(3) is not None:  # bias added to Q, K and V
+        cost = _Flops(cost.flops + qkv_elements, cost.macs, "ok")
+    return cost
+
+
+def _fused_matmul_flops(node: ir.Node, shape_of: ShapeOf, attr_of: AttrOf) -> _Flops:
+    """com.microsoft.FusedMatMul: alpha * op(A) @ op(B), op a transpose of the last two dims."""
+    if _int(attr_of, "transBatchA", 0) or _int(attr_of, "transBatchB", 0):
+        return _UNKNOWN
+    ins = node.inputs
+    shapes = [shape_of(v) if v is not None else None for v in ins[:2]]
+    if len(shapes) < 2 or shapes[0] is None or shapes[1] is None:
+        return _UNKNOWN
+    a, b = shapes
+    if _int(attr_of, "transA", 0) and len(a) >= 2:
+        a = a[:-2] + (a[-1], a[-2])
+    if _int(attr_of, "transB", 0) and len(b) >= 2:
+        b = b[:-2] + (b[-1], b[-2])
+    out, macs = _matmul_shape(a, b)
+    if out is None:
+        return _UNKNOWN
+    scale = math.prod(out) if _float(attr_of, "alpha", 1.0) != 1.0 else 0
+    return _Flops(2 * macs + scale, macs, "ok")
+
+
+def _fused_gemm_flops(node: ir.Node, shape_of: ShapeOf, attr_of: AttrOf) -> _Flops:
+    """com.microsoft.FusedGemm: Gemm plus one FLOP per output element for the activation."""
+    gemm = _op_flops(node, "Gemm", shape_of, None, attr_of)
+    if gemm.status != "ok" or attr_of("activation") is None:
+        return gemm
+    mnk = _gemm_mnk(node, shape_of(node.inputs[0]), shape_of(node.inputs[1]), attr_of)
+    assert mnk is not None  # the Gemm cost above needed it
+    return _Flops(gemm.flops + mnk[0] * mnk[1], gemm.macs, "ok")
+
+
+def _per_element(flops: int, bias_input: int | None = None
+                 ) -> Callable[[ir.Node, ShapeOf, AttrOf], _Flops]:
+    """A cost of ``flops`` per output element, one more when input ``bias_input`` is given."""
+
+    def cost(node: ir.Node, shape_of: ShapeOf, attr_of: AttrOf) -> _Flops:
+        out = shape_of(node.outputs[0]) if node.outputs else None
+        if out is None:
+            out = _broadcast(shape_of(v) for v in node.inputs if v is not None)
+        if out is None:
+            return _UNKNOWN
+        ins = node.inputs
+        extra = int(bias_input is not None and len(ins) > bias_input
+                    and ins[bias_input] is not None)
+        return _Flops((flops + extra) * math.prod(out), 0, "ok")
+
+    return cost
+
+
+# com.microsoft ops with a cost of their own (not just an ONNX equivalent).
+_CONTRIB_FLOPS: dict[str, Callable[[ir.Node, ShapeOf, AttrOf], _Flops]] = {
+    "MultiHeadAttention": _multihead_attention_flops,
+    "FusedMatMul": _fused_matmul_flops,
+    "FusedGemm": _fused_gemm_flops,
+    "Gelu": _per_element(_GELU_FLOPS["none"]),
+    "BiasGelu": _per_element(_GELU_FLOPS["none"] + 1),
+    "FastGelu": _per_element(_GELU_FLOPS["tanh"], bias_input=1),
+    "QuickGelu": _per_element(3),
+}
+
+
 def _op_flops(
-    node: ir.Node, op: str, shape_of: ShapeOf, call_attrs: Mapping[str, ir.Attr] | None
+    node: ir.Node,
+    op: str,
+    shape_of: ShapeOf,
+    call_attrs: Mapping[str, ir.Attr] | None,
+    attr_of: AttrOf | None = None,
 ) -> _Flops:
     """FLOPs of an ONNX-domain op (``op`` may be an ONNX equivalent of a contrib op)."""
     # Hot path first: most nodes are elementwise, so avoid building helpers for them.
@@ -754,7 +946,8 @@ def _op_flops(
         out = shape_of(outs[0])
         if out is not None:
             return _Flops(_PER_OUTPUT[op] * math.prod(out), 0, "ok")
-    attr_of = _attr_getter(node, call_attrs)
+    if attr_of is None:
+        attr_of = _attr_getter(node, call_attrs)
 
     def out0() -> Dims | None:
         shape = shape_of(node.outputs[0]) if node.outputs else None
@@ -763,6 +956,10 @@ def _op_flops(
     if op in _PER_OUTPUT:
         out = out0()
         return _UNKNOWN if out is None else _Flops(_PER_OUTPUT[op] * math.prod(out), 0, "ok")
+    if op == "Gelu":
+        out = out0()
+        per = _GELU_FLOPS.get(_str(attr_of, "approximate", "none"), _GELU_FLOPS["none"])
+        return _UNKNOWN if out is None else _Flops(per * math.prod(out), 0, "ok")
     if op in _VARIADIC_OPS:
         out = out0()
         if out is None:
@@ -814,6 +1011,8 @@ def _op_flops(
         if kernel is None or out is None:
             return _UNKNOWN
         return _Flops(math.prod(out) * math.prod(kernel), 0, "ok")
+    if op == "Attention":
+        return _attention_flops(node, shape_of, attr_of)
     return _UNCOUNTED
 
 
@@ -848,6 +1047,8 @@ def _flops_of(
         return _op_flops(node, op_type, shape_of, call_attrs)
     if domain in _STANDARD_DOMAINS:  # ai.onnx.ml etc.: real ops we do not model
         return _UNCOUNTED
+    if domain == "com.microsoft" and op_type in _CONTRIB_FLOPS:
+        return _CONTRIB_FLOPS[op_type](node, shape_of, _attr_getter(node, call_attrs))
     if domain == "com.microsoft" and op_type in _CONTRIB_EQUIVALENT:
         return _op_flops(node, _CONTRIB_EQUIVALENT[op_type], shape_of, call_attrs)
     return _elementwise_estimate(node, shape_of)
@@ -930,6 +1131,53 @@ def _check_dims(dims: Mapping[str, int] | None) -> Mapping[str, int]:
     return dims
 
 
+def _check_conv_algo(conv_algo: str) -> str:
+    if conv_algo not in CONV_ALGOS:
+        raise BadInputError(
+            f"unknown convolution algorithm {conv_algo!r}; expected one of {', '.join(CONV_ALGOS)}"
+        )
+    return conv_algo
+
+
+def _conv_workspace(node: ir.Node, ctx: _Ctx) -> tuple[int, int] | None:
+    """(extra bytes read, extra bytes written) of a Conv's work buffer under ``ctx.conv_algo``;
+    None when a shape needed for it is unknown."""
+    layout = "Conv" if node.op_type == "FusedConv" else node.op_type
+    xi, wi, _ = _CONV_LAYOUT[layout]
+    ins = node.inputs
+    x = ctx.shape(ins[xi]) if xi < len(ins) else None
+    w = ctx.shape(ins[wi]) if wi < len(ins) else None
+    if x is None or w is None or len(x) < 3 or len(w) != len(x):
+        return None
+    attr_of = _attr_getter(node)
+    kernel = list(w[2:])
+    rank = len(kernel)
+    strides = _ints(attr_of, "strides") or [1] * rank
+    pads = _ints(attr_of, "pads") or [0] * (2 * rank)
+    if all(k == 1 for k in kernel) and all(s == 1 for s in strides) and not any(pads):
+        return 0, 0  # pointwise (any auto_pad pads a 1x1 window by 0): no buffer needed
+    out = ctx.shape(node.outputs[0]) if node.outputs else None
+    spatial = out[2:] if out is not None and len(out) == len(x) else None
+    if spatial is None:
+        spatial = _window_out(x[2:], kernel, attr_of)
+    if spatial is None:
+        return None
+    windows = x[0] * math.prod(spatial) * math.prod(kernel)  # N*OH*OW*KH*KW
+    if ctx.conv_algo == "indirect":
+        return windows * POINTER_BYTES, 0
+    bits = _BITS.get(_dtype(ins[xi]))  # type: ignore[arg-type]
+    if bits is None:
+        return None
+    column = (windows * x[1] * bits + 7) // 8  # every group's buffer: C/group * group = C
+    return column, column
+
+
+def _is_conv(node: ir.Node) -> bool:
+    if node.domain in _ONNX_DOMAINS:
+        return node.op_type in _CONV_LAYOUT
+    return node.domain == "com.microsoft" and node.op_type == "FusedConv"
+
+
 def _measure_node(
     node: ir.Node,
     index: int | None,
@@ -986,6 +1234,16 @@ def _measure_node(
             continue
         bytes_written += size
 
+    workspace = 0
+    if ctx.conv_algo != "direct" and function is None and _is_conv(node):
+        extra = _conv_workspace(node, ctx)
+        if extra is None:
+            known = False
+        else:
+            bytes_read += extra[0]
+            bytes_written += extra[1]
+            workspace = extra[0] + extra[1]
+
     if function is not None:
         cost = _function_flops(node, function, ctx.shape, ctx)
     elif subgraph and onnx_domain:
@@ -1007,6 +1265,7 @@ def _measure_node(
         known and status != "unknown",
         cost.macs,
         status != "uncounted",
+        workspace,
     )
     return traffic, params
 
@@ -1018,6 +1277,7 @@ def node_traffic(
     constants: set[ir.Value] | None = None,
     functions: Mapping[FunctionKey, ir.Function] | None = None,
     index: int | None = None,
+    conv_algo: str = "direct",
 ) -> NodeTraffic:
     """Cost of a single node, using only the node and its input/output values.
 
@@ -1027,22 +1287,26 @@ def node_traffic(
     is ``model.functions``, needed to recognise and cost function-call nodes.  Unbound
     named symbolic dims count as 1.  An unnamed node is called ``op_type`` (or
     ``f"{op_type}_{index}"`` when ``index`` is given, as :func:`measure` does).
+    ``conv_algo`` is ``direct``, ``im2col`` or ``indirect`` (see the module docstring).
     """
-    ctx = _Ctx(_check_dims(dims), functions or {})
+    ctx = _Ctx(_check_dims(dims), functions or {}, _check_conv_algo(conv_algo))
     is_const = _is_weight if constants is None else constants.__contains__
     return _measure_node(node, index, ctx, is_const)[0]
 
 
-def measure(model: ir.Model, *, dims: Mapping[str, int] | None = None) -> TrafficReport:
+def measure(
+    model: ir.Model, *, dims: Mapping[str, int] | None = None, conv_algo: str = "direct"
+) -> TrafficReport:
     """Cost every node of the main graph, in graph order.
 
     Unbound named symbolic dims count as 1 (bind e.g. ``{"batch": 8}`` via ``dims``).
     Subgraphs of If/Loop/Scan are not entered: the control-flow node is costed by its own
-    inputs and outputs.  Linear in graph size; never reads tensor data.
+    inputs and outputs.  ``conv_algo`` adds the work buffers of im2col or indirect
+    convolution.  Linear in graph size; never reads tensor data.
     """
     graph = model.graph
-    ctx = _Ctx(_check_dims(dims), model.functions)
-    constants = constant_values(graph)
+    ctx = _Ctx(_check_dims(dims), model.functions, _check_conv_algo(conv_algo))
+    constants = constant_values(graph, legacy_inputs=model.ir_version < _LEGACY_IR_VERSION)
     is_const = constants.__contains__
     results: list[NodeTraffic] = []
     params: dict[ir.Value, int] = {}

@@ -3,7 +3,10 @@
 Both models run on onnxruntime's CPU provider with onnxruntime's own graph optimizations
 disabled, so a fusion onnxruntime would have done anyway cannot hide a difference. The two
 sessions never coexist (the reference session is released before the candidate one is
-created), so validating a large model needs memory for one model at a time.
+created), so validating a large model needs memory for one model at a time; a model given
+as a path (or holding external data) is loaded by onnxruntime from disk. The reference's
+outputs are kept (``ReferenceRun``) so that bisection can check many candidates against
+them without running the reference again.
 
 This is the only module of fusectl that imports onnxruntime. It never prints: it returns
 results, and reports progress through an optional callback.
@@ -25,6 +28,20 @@ Generated inputs (when the user does not provide an array for an input):
   length of the gathered axis of the data (the smallest one if it feeds several).
 * Other floats are uniform in ``[-1, 1)``; other integers uniform in ``[0, 10)`` (clipped to
   the type's range); bools are random; strings are decimal digits.
+
+Half precision. A model that computes in float16 or bfloat16 anywhere (a half input,
+initializer, value or Cast) is judged with the half type's tolerances on every float output
+(an fp32 output cannot be more exact than the fp16 arithmetic behind it). For every float
+type the relative tolerance is measured against ``max(|r|, RMS(r))``: after cancellation an
+element near zero carries the rounding error of the tensor's typical magnitude. A model that
+computes in float16 also gets one extra input set, the *range sample*, whose generated float
+inputs are uniform in ``[-R, R)``: R = 512 (squares of such values overflow float16's 65504,
+so a fusion that keeps in float16 what the model computed in float32 is caught), halved
+down to 4 until no float16 value of the reference overflows more than on ordinary inputs
+(onnxruntime's CPU provider computes most float16 ops in float32, so a reference that would
+overflow on float16 hardware may not here; comparing it with a true float16 kernel would be
+a false alarm). Where the reference itself overflows in the range sample, the element is not
+held against the candidate. Without a generated float input there is no range sample.
 """
 
 from __future__ import annotations
@@ -35,7 +52,7 @@ import math
 import os
 import tempfile
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,24 +61,34 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 import onnxruntime as ort
+from onnx_ir.passes.common import ShapeInferencePass
 
 from fusectl.errors import BadInputError
 
 __all__ = [
+    "HISTOGRAM_LABELS",
     "ModelSource",
     "OutputComparison",
+    "ProgressStep",
+    "ReferenceRun",
     "ValidationOptions",
     "ValidationResult",
+    "check_candidate",
+    "check_intermediates",
     "compare_outputs",
+    "comparison_to_dict",
     "generate_inputs",
     "load_input_files",
     "run_model",
+    "run_reference",
     "to_dict",
     "validate",
 ]
 
 ModelSource = ir.Model | str | Path
 Progress = Callable[[str], None]
+InputKey = str | int
+"""An input's name, or its position among the model's runtime inputs (unnamed .pb tensors)."""
 
 # Above this much tensor data an in-memory ModelProto risks protobuf's 2 GiB limit, so the
 # model goes to a temporary file with external data instead. Tests lower it.
@@ -71,6 +98,9 @@ _BATCH_NAMES = frozenset({"n", "b", "batch", "batch_size"})
 _DEFAULT_BATCH = 1
 _DEFAULT_DIM = 8
 _DEFAULT_INT_HIGH = 10
+# Widest generated floats of the float16 range sample: |x| > 256 squares past 65504.
+_FP16_RANGE = 512.0
+_HALF_TYPES = (ir.DataType.BFLOAT16, ir.DataType.FLOAT16)  # loosest tolerance first
 
 # Ops that pass integer ids through unchanged in value (their first input).
 _ID_PASSTHROUGH = frozenset(
@@ -127,13 +157,35 @@ class ValidationOptions:
     are always compared exactly).
     """
 
-    inputs: Mapping[str, np.ndarray] | None = None
+    inputs: Mapping[InputKey, np.ndarray] | None = None
     dims: Mapping[str, int] = field(default_factory=dict)
     seed: int = 0
     samples: int = 1
     input_ranges: Mapping[str, tuple[float, float]] = field(default_factory=dict)
     rtol: float | None = None
     atol: float | None = None
+    fp16_range_sample: bool = True
+    """Add the range sample (module docstring) when the model computes in float16."""
+
+
+class ProgressStep(str):
+    """A progress message that also says how many runs of the current session are done."""
+
+    done: int
+    total: int
+
+    def __new__(cls, message: str, done: int, total: int) -> ProgressStep:
+        step = super().__new__(cls, message)
+        step.done, step.total = done, total
+        return step
+
+
+# Error histogram buckets (absolute error |c - r|): exact, below 1e-9, one bucket per decade
+# [1e-9, 1e-8) ... [10, 100), from 100 up, and NaN/Inf position mismatches.
+_DECADES = tuple(range(-9, 2))
+HISTOGRAM_LABELS: tuple[str, ...] = (
+    "0", "<1e-9", *(f"1e{k}" for k in _DECADES), ">=1e2", "nan/inf",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -160,6 +212,12 @@ class OutputComparison:
     nondeterministic: bool = False
     reason: str | None = None
     sample: int = 0
+    histogram: tuple[int, ...] = ()
+    """Element counts per ``HISTOGRAM_LABELS`` bucket of absolute error (empty if unknown)."""
+    range_sample: bool = False
+    """True for the float16 range sample (large inputs; reference overflows not compared)."""
+    tolerance_dtype: str | None = None
+    """The half type whose tolerances judged this wider float output, if any."""
 
 
 @dataclass(frozen=True)
@@ -177,10 +235,34 @@ class ValidationResult:
     input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     seconds_reference: float = 0.0
     seconds_candidate: float = 0.0
+    samples: int = 1
+    """Input sets compared, the float16 range sample included."""
+    compute_dtype: str | None = None
+    """The half type the reference computes in (``float16``/``bfloat16``), if any."""
+    range_scale: float | None = None
+    """Generated floats of the float16 range sample are within this magnitude, if it ran."""
 
     @property
     def passed(self) -> bool:
         return self.error is None and all(o.passed for o in self.outputs)
+
+
+@dataclass(frozen=True)
+class ReferenceRun:
+    """The reference's side of a validation: inputs fed, outputs of its first run, and the
+    outputs that differed between its two runs (per sample). Kept so candidates can be
+    checked against it without running the reference again."""
+
+    feed_sets: tuple[dict[str, np.ndarray], ...]
+    outputs: tuple[dict[str, np.ndarray], ...]
+    unstable: tuple[frozenset[str], ...]
+    input_shapes: dict[str, tuple[int, ...]]
+    seconds: float
+    range_sample: int | None = None
+    """Index of the float16 range sample in ``feed_sets``, if one was added."""
+    range_scale: float | None = None
+    """Its generated floats are uniform in ``[-range_scale, range_scale)``."""
+    compute_dtype: np.dtype | None = None
 
 
 # --------------------------------------------------------------------------- input files
@@ -188,18 +270,25 @@ class ValidationResult:
 
 def load_input_files(
     specs: Sequence[str],
-    npz: str | os.PathLike[str] | None,
+    inputs: str | os.PathLike[str] | None,
     *,
-    input_names: Collection[str] | None = None,
-) -> dict[str, np.ndarray]:
-    """Read ``--input NAME=FILE.npy`` specs and an ``--inputs FILE.npz`` archive.
+    input_names: Sequence[str] | None = None,
+) -> dict[InputKey, np.ndarray]:
+    """Read ``--input NAME=FILE.npy`` specs and ``--inputs`` (an .npz archive or a folder).
 
-    Arrays from ``specs`` win over same-named arrays of the archive. When ``input_names`` is
-    given, a name that is not among them is rejected. Problems raise a one-line BadInputError.
+    A folder is onnx's test_data_set layout: ``input_0.pb``, ``input_1.pb``... each a
+    TensorProto, named by its ``name`` field or else by its position (an int key, resolved
+    against the model's runtime inputs by ``generate_inputs``). Arrays from ``specs`` win
+    over same-named arrays of ``inputs``. When ``input_names`` (the runtime inputs, in
+    order) is given, positions are resolved and unknown names rejected. Problems raise a
+    one-line BadInputError.
     """
-    arrays: dict[str, np.ndarray] = {}
-    if npz is not None:
-        arrays.update(_load_npz(npz))
+    arrays: dict[InputKey, np.ndarray] = {}
+    if inputs is not None:
+        if os.path.isdir(inputs):
+            arrays.update(_load_pb_folder(Path(inputs)))
+        else:
+            arrays.update(_load_npz(inputs))
     seen: set[str] = set()
     for spec in specs:
         name, sep, file = spec.partition("=")
@@ -211,8 +300,59 @@ def load_input_files(
         seen.add(name)
         arrays[name] = _load_npy(name, file)
     if input_names is not None:
+        arrays = dict(_resolve_positions(arrays, input_names))
         _check_names(arrays, input_names, "input")
     return arrays
+
+
+def _load_pb_folder(folder: Path) -> dict[InputKey, np.ndarray]:
+    """``input_<N>.pb`` TensorProtos of an onnx test_data_set folder, by name or position."""
+    numbered: dict[int, Path] = {}
+    for path in folder.glob("input_*.pb"):
+        index = path.stem[len("input_") :]
+        if index.isdigit():
+            numbered[int(index)] = path
+    if not numbered:
+        raise BadInputError(
+            f"--inputs {folder}: no input_0.pb, input_1.pb... files (onnx test_data_set layout)"
+        )
+    missing = sorted(set(range(max(numbered) + 1)) - set(numbered))
+    if missing:
+        raise BadInputError(f"--inputs {folder}: input_{missing[0]}.pb is missing")
+    arrays: dict[InputKey, np.ndarray] = {}
+    for index in sorted(numbered):
+        path = numbered[index]
+        tensor = onnx.TensorProto()
+        try:
+            tensor.ParseFromString(path.read_bytes())
+            if tensor.data_type == onnx.TensorProto.UNDEFINED:
+                raise ValueError("not a dense TensorProto (no element type)")
+            array = onnx.numpy_helper.to_array(tensor, base_dir=os.fspath(folder))
+        except Exception as e:  # protobuf's DecodeError, onnx's conversion errors, OSError
+            raise BadInputError(f"--inputs {path}: cannot read: {_first_line(e)}") from None
+        key: InputKey = tensor.name or index
+        if key in arrays:
+            raise BadInputError(f"--inputs {folder}: input {key!r} is given twice")
+        arrays[key] = array
+    return arrays
+
+
+def _resolve_positions(
+    arrays: Mapping[InputKey, np.ndarray], names: Sequence[str]
+) -> Iterator[tuple[str, np.ndarray]]:
+    """Turn position keys into the names of the model's runtime inputs."""
+    named = {k for k in arrays if isinstance(k, str)}
+    for key, array in arrays.items():
+        if isinstance(key, str):
+            yield key, array
+            continue
+        if not 0 <= key < len(names):
+            raise BadInputError(
+                f"input_{key}.pb has no name and the model has only {len(names)} inputs"
+            )
+        if names[key] in named:
+            raise BadInputError(f"input {names[key]!r} is given twice (by name and position)")
+        yield names[key], array
 
 
 def _load_npy(name: str, file: str) -> np.ndarray:
@@ -254,18 +394,23 @@ def _check_names(given: Collection[str], known: Collection[str], what: str) -> N
 
 
 def generate_inputs(
-    model: ir.Model, options: ValidationOptions | None = None, sample: int = 0
+    model: ir.Model,
+    options: ValidationOptions | None = None,
+    sample: int = 0,
+    *,
+    float_range: tuple[float, float] | None = None,
 ) -> dict[str, np.ndarray]:
     """Feeds for every runtime input of ``model``: the user's arrays, else generated ones.
 
-    See the module docstring for how values and dims are chosen. Initializers listed among
-    the graph inputs (old models) are not fed. Raises BadInputError for a user array of the
-    wrong dtype/rank/shape, an unknown name, or an input that cannot be generated.
+    See the module docstring for how values and dims are chosen; ``float_range`` replaces
+    the default ``[-1, 1)`` of generated floats (not masks, not ``input_ranges``). Initializers
+    listed among the graph inputs (old models) are not fed. Raises BadInputError for a user
+    array of the wrong dtype/rank/shape, an unknown name, or an input that cannot be generated.
     """
     options = options or ValidationOptions()
     runtime_inputs = _runtime_inputs(model)
     names = [v.name or "" for v in runtime_inputs]
-    provided = dict(options.inputs or {})
+    provided = dict(_resolve_positions(options.inputs or {}, names))
     _check_names(provided, names, "input")
     _check_names(options.input_ranges, names, "input")
     symbolic = [
@@ -305,7 +450,9 @@ def generate_inputs(
             continue
         dtype, shape = _tensor_signature(value)
         dims = tuple(_resolve_dim(d, options.dims, bound) for d in shape)
-        result[name] = _generate(value, dtype, dims, rng, options.input_ranges.get(name))
+        result[name] = _generate(
+            value, dtype, dims, rng, options.input_ranges.get(name), float_range or (-1.0, 1.0)
+        )
     return result
 
 
@@ -323,7 +470,8 @@ def _tensor_signature(value: ir.Value) -> tuple[ir.DataType, ir.Shape]:
         )
     if value.shape is None:
         raise BadInputError(
-            f"cannot generate input {value.name!r}: its rank is unknown; provide it with --input"
+            f"cannot generate input {value.name!r}: its rank is unknown; provide it with "
+            "--input NAME=FILE.npy or --inputs"
         )
     return value.type.dtype, value.shape
 
@@ -382,6 +530,7 @@ def _generate(
     shape: tuple[int, ...],
     rng: np.random.Generator,
     value_range: tuple[float, float] | None,
+    float_range: tuple[float, float],
 ) -> np.ndarray:
     name = value.name or ""
     np_dtype = dtype.numpy()
@@ -399,12 +548,16 @@ def _generate(
                 f"input range for {name!r}: [{lo}, {hi}) does not fit {_dtype_name(np_dtype)}"
             )
         return _integers(rng, dtype, shape, ilo, ihi)
+    if dtype == ir.DataType.STRING:
+        raise BadInputError(
+            f"cannot generate input {name!r} of type string (random text means nothing to the "
+            "model); provide it with --input NAME=FILE.npy or --inputs, or give "
+            "--input-range NAME=LO:HI for decimal-digit strings"
+        )
     if "mask" in name.lower():
-        if dtype == ir.DataType.STRING:
-            return np.full(shape, "1", dtype=object)
         return np.ones(shape, dtype=np_dtype)
     if dtype.is_floating_point() or _is_complex(dtype):
-        return _floats(rng, dtype, shape, -1.0, 1.0)
+        return _floats(rng, dtype, shape, *float_range)
     if dtype.is_integer():
         rows = _index_bound(value)
         if rows is not None:
@@ -413,8 +566,6 @@ def _generate(
         return _integers(rng, dtype, shape, max(0, int(dtype.min)), high)
     if dtype == ir.DataType.BOOL:
         return rng.random(shape) < 0.5
-    if dtype == ir.DataType.STRING:
-        return _integers(rng, dtype, shape, 0, _DEFAULT_INT_HIGH)
     raise BadInputError(f"cannot generate input {name!r} of element type {dtype.name}")
 
 
@@ -519,10 +670,13 @@ def _run_session(
     label: str,
     notify: Progress,
     only_known_inputs: bool = False,
+    until: Callable[[int, dict[str, np.ndarray]], bool] | None = None,
 ) -> tuple[list[list[dict[str, np.ndarray]]], float]:
     """Create one session, run every feed set ``repeats`` times, release the session.
 
     Returns ``runs[sample][repeat]`` and the seconds of the first repeat summed over samples.
+    ``until(sample, outputs)``, when given, sees each sample's first outputs (which are then
+    not kept) and stops the runs by returning True.
     The session never outlives this call, not even when an error propagates.
     """
     runs: list[list[dict[str, np.ndarray]]] = []
@@ -544,7 +698,7 @@ def _run_session(
         if session is not None:
             try:
                 runs, seconds, failure = _run_all(
-                    session, feed_sets, repeats, label, notify, only_known_inputs
+                    session, feed_sets, repeats, label, notify, only_known_inputs, until
                 )
             finally:
                 del session
@@ -561,6 +715,7 @@ def _run_all(
     label: str,
     notify: Progress,
     only_known_inputs: bool,
+    until: Callable[[int, dict[str, np.ndarray]], bool] | None = None,
 ) -> tuple[list[list[dict[str, np.ndarray]]], float, _OrtFailure | None]:
     runs: list[list[dict[str, np.ndarray]]] = []
     seconds = 0.0
@@ -572,7 +727,9 @@ def _run_all(
         per_sample = []
         for r in range(repeats):
             repeat_text = f" {r + 1}/{repeats}" if repeats > 1 else ""
-            notify(f"{label} run{repeat_text} (sample {s + 1}/{n})")
+            done = s * repeats + r
+            message = f"{label} run{repeat_text} (sample {s + 1}/{n})"
+            notify(ProgressStep(message, done, n * repeats))
             start = time.perf_counter()
             try:
                 outputs = _run_once(session, feeds)
@@ -580,8 +737,13 @@ def _run_all(
                 return runs, seconds, _OrtFailure("run", _error_text(e))
             if r == 0:
                 seconds += time.perf_counter() - start
+            if until is not None:
+                if until(s, outputs):
+                    return runs, seconds, None
+                continue
             per_sample.append(outputs)
         runs.append(per_sample)
+    notify(ProgressStep(f"{label} runs done", n * repeats, n * repeats))
     return runs, seconds, None
 
 
@@ -698,11 +860,16 @@ def compare_outputs(
     atol: float | None = None,
     sample: int = 0,
     nondeterministic: Collection[str] = frozenset(),
+    compute_dtype: np.dtype | None = None,
+    range_sample: bool = False,
 ) -> list[OutputComparison]:
     """Compare outputs matched by name; one OutputComparison per name in either mapping.
 
-    An element passes if ``|c - r| <= atol + rtol * |r|``; NaN/Inf positions must agree. A
-    name in ``nondeterministic`` passes (with a note) unless its dtype changed.
+    An element passes if ``|c - r| <= atol + rtol * max(|r|, RMS(r))`` (floats); NaN/Inf positions must agree, except that an infinity may face
+    a finite value at the type's saturation point. A name in ``nondeterministic`` passes (with
+    a note) unless its dtype changed. ``compute_dtype`` (a half type the reference computes
+    in) sets the tolerances of wider float outputs; in a ``range_sample``, elements where the
+    reference is not finite are not compared.
     """
     results = []
     for name, ref in reference.items():
@@ -714,10 +881,10 @@ def compare_outputs(
                 name,
                 np.asarray(ref),
                 np.asarray(candidate[name]),
-                rtol=rtol,
-                atol=atol,
+                _Judge.of(np.asarray(ref).dtype, rtol, atol, compute_dtype),
                 sample=sample,
                 nondeterministic=name in nondeterministic,
+                range_sample=range_sample,
             )
         )
     for name, cand in candidate.items():
@@ -726,6 +893,32 @@ def compare_outputs(
                 _unmatched(name, np.asarray(cand), sample, "not an output of the reference")
             )
     return results
+
+
+@dataclass(frozen=True)
+class _Judge:
+    """How one output is judged: tolerances, the half-type rule, the saturation point."""
+
+    rtol: float
+    atol: float
+    half: bool
+    saturation: float
+    tolerance_dtype: str | None
+
+    @classmethod
+    def of(
+        cls, dtype: np.dtype, rtol: float | None, atol: float | None, compute: np.dtype | None
+    ) -> _Judge:
+        judged, borrowed = dtype, None
+        onnx_type = _onnx_type(dtype)
+        if compute is not None and onnx_type in (ir.DataType.FLOAT, ir.DataType.DOUBLE):
+            judged, borrowed = compute, _dtype_name(compute)
+        r_tol, a_tol = _tolerances(judged, rtol, atol)
+        half = _onnx_type(judged) in _HALF_TYPES
+        saturation = math.inf
+        if onnx_type is not None and onnx_type.is_floating_point():
+            saturation = float(onnx_type.max) / (1.0 + r_tol)
+        return cls(r_tol, a_tol, half, saturation, borrowed)
 
 
 def _unmatched(name: str, arr: np.ndarray, sample: int, reason: str) -> OutputComparison:
@@ -741,19 +934,21 @@ def _compare_one(
     name: str,
     ref: np.ndarray,
     cand: np.ndarray,
+    judge: _Judge,
     *,
-    rtol: float | None,
-    atol: float | None,
     sample: int,
     nondeterministic: bool,
+    range_sample: bool = False,
 ) -> OutputComparison:
-    r_tol, a_tol = _tolerances(ref.dtype, rtol, atol)
+    r_tol, a_tol = judge.rtol, judge.atol
     nan = math.nan
 
-    def verdict(stats, pct, passed, reason):
+    def verdict(stats, pct, passed, reason, histogram=()):
         return OutputComparison(
             name, _dtype_name(ref.dtype), tuple(ref.shape), r_tol, a_tol, *stats, pct,
             passed=passed, nondeterministic=nondeterministic, reason=reason, sample=sample,
+            histogram=histogram, range_sample=range_sample,
+            tolerance_dtype=judge.tolerance_dtype,
         )  # fmt: skip
 
     if ref.dtype != cand.dtype:
@@ -769,6 +964,7 @@ def _compare_one(
         return verdict((nan,) * 4, 100.0, False, reason)
 
     kind = _kind(ref.dtype)
+    histogram: tuple[int, ...] = ()
     if kind == "other":
         bad = np.asarray(ref != cand, dtype=bool).reshape(ref.shape)
         stats: tuple[float, float, float, float] = (nan,) * 4
@@ -776,28 +972,57 @@ def _compare_one(
         r64, c64 = _as_float64(ref), _as_float64(cand)
         with np.errstate(all="ignore"):
             if kind in ("float", "complex"):
-                bad = _out_of_tolerance(r64, c64, r_tol, a_tol)
+                bad = _out_of_tolerance(r64, c64, judge, skip_reference_overflow=range_sample)
             elif kind == "int" and (r_tol or a_tol):
                 bad = np.abs(c64 - r64) > a_tol + r_tol * np.abs(r64)
             else:
                 bad = ref != cand
             stats = _statistics(r64, c64, _tiny(ref.dtype))
+            histogram = _histogram(r64, c64, bad)
     count = int(np.count_nonzero(bad))
     pct = 100.0 * count / bad.size if bad.size else 0.0
     if nondeterministic:
-        return verdict(stats, pct, True, note)
+        return verdict(stats, pct, True, note, histogram)
     if count:
         total = bad.size
         kind_text = "differ" if r_tol == 0 and a_tol == 0 else "are out of tolerance"
-        return verdict(stats, pct, False, f"{count} of {total} elements {kind_text}")
-    return verdict(stats, pct, True, None)
+        return verdict(stats, pct, False, f"{count} of {total} elements {kind_text}", histogram)
+    return verdict(stats, pct, True, None, histogram)
 
 
-def _out_of_tolerance(r: np.ndarray, c: np.ndarray, rtol: float, atol: float) -> np.ndarray:
+def _out_of_tolerance(
+    r: np.ndarray, c: np.ndarray, judge: _Judge, *, skip_reference_overflow: bool = False
+) -> np.ndarray:
     finite = np.isfinite(r) & np.isfinite(c)
     same_special = (np.isnan(r) & np.isnan(c)) | (r == c)  # NaN vs NaN, +inf vs +inf
-    close = np.abs(c - r) <= atol + rtol * np.abs(r)
-    return np.where(finite, ~close, ~same_special)
+    # An infinity facing a finite value of the same sign at the saturation point: rounding
+    # decided on which side of the type's largest value the result fell.
+    one_inf = np.isinf(r) != np.isinf(c)
+    finite_side = np.where(np.isinf(r), c, r)
+    saturated = one_inf & (np.sign(r) == np.sign(c)) & (np.abs(finite_side) >= judge.saturation)
+    scale = np.abs(r)
+    if r.dtype.kind == "f" or judge.half:  # bfloat16 is not a numpy float kind
+        reference_finite = r[np.isfinite(r)]
+        if reference_finite.size:
+            scale = np.maximum(scale, float(np.sqrt(np.mean(np.square(reference_finite)))))
+    close = np.abs(c - r) <= judge.atol + judge.rtol * scale
+    bad = np.where(finite, ~close, ~(same_special | saturated))
+    if skip_reference_overflow:
+        bad &= np.isfinite(r)
+    return bad
+
+
+def _histogram(r: np.ndarray, c: np.ndarray, bad: np.ndarray) -> tuple[int, ...]:
+    """Counts per ``HISTOGRAM_LABELS`` bucket of ``|c - r|``."""
+    finite = np.isfinite(r) & np.isfinite(c)
+    diff = np.abs(c[finite] - r[finite])
+    exact = int(np.count_nonzero(diff == 0))
+    positive = diff[diff > 0]
+    low, high = _DECADES[0] - 1, _DECADES[-1] + 1
+    exponents = np.clip(np.floor(np.log10(positive)), low, high).astype(np.int64)
+    decades = np.bincount(exponents - low, minlength=high - low + 1)
+    mismatched = int(np.count_nonzero(bad & ~finite))
+    return (exact, *(int(n) for n in decades), mismatched)
 
 
 def _statistics(r: np.ndarray, c: np.ndarray, tiny: float) -> tuple[float, float, float, float]:
@@ -904,6 +1129,20 @@ def validate(
     result. ``options=None`` means ``ValidationOptions()``.
     """
     options = options or ValidationOptions()
+    reference_run = run_reference(reference, options, progress)
+    return check_candidate(reference_run, candidate, options, progress)
+
+
+def run_reference(
+    reference: ModelSource,
+    options: ValidationOptions | None = None,
+    progress: Progress | None = None,
+) -> ReferenceRun:
+    """Generate the input sets and run the reference twice on each, then free its session.
+
+    Raises BadInputError when inputs cannot be generated or the reference cannot be run.
+    """
+    options = options or ValidationOptions()
     notify = progress or _ignore
     if options.samples < 1:
         raise BadInputError(f"samples must be at least 1, got {options.samples}")
@@ -912,21 +1151,113 @@ def validate(
     for s in range(options.samples):
         notify(f"generating inputs (sample {s + 1}/{options.samples})")
         feed_sets.append(generate_inputs(reference_ir, options, s))
+    compute = _compute_dtype(reference_ir)
+    range_sample = range_scale = None
+    if (
+        options.fp16_range_sample
+        and _uses_type(reference_ir, ir.DataType.FLOAT16)
+        and _range_sample_inputs(reference_ir, options)
+    ):
+        notify("choosing the float16 range sample")
+        found = _range_sample_feeds(reference_ir, options, len(feed_sets), notify)
+        if found is not None:
+            range_scale, feeds = found
+            range_sample = len(feed_sets)
+            feed_sets.append(feeds)
     del reference_ir
     input_shapes = {k: tuple(int(d) for d in np.shape(v)) for k, v in feed_sets[0].items()}
-
     try:
-        ref_runs, ref_seconds = _run_session(
+        runs, seconds = _run_session(
             reference, feed_sets, repeats=2, label="reference", notify=notify
         )
     except _OrtFailure as e:
         raise BadInputError(
             f"onnxruntime cannot run the input model: {_first_line(e.message)}"
         ) from None
+    unstable = []
+    for first, second in runs:
+        self_check = compare_outputs(first, second, rtol=options.rtol, atol=options.atol,
+                                     compute_dtype=compute)
+        unstable.append(frozenset(c.name for c in self_check if not c.passed))
+    return ReferenceRun(
+        feed_sets=tuple(feed_sets),
+        outputs=tuple(first for first, _second in runs),
+        unstable=tuple(unstable),
+        input_shapes=input_shapes,
+        seconds=seconds,
+        range_sample=range_sample,
+        range_scale=range_scale,
+        compute_dtype=compute,
+    )
+
+
+def _range_sample_feeds(
+    reference: ir.Model, options: ValidationOptions, index: int, notify: Progress
+) -> tuple[float, dict[str, np.ndarray]] | None:
+    """The widest generated float range (512, 256, ... 4) at which no float16 value of the
+    reference overflows more than on ordinary inputs, and its feeds; None if there is none.
+
+    onnxruntime's CPU provider runs most float16 ops in float32, so a reference that would
+    overflow on float16 hardware may not here, while a fused kernel with a true float16
+    implementation does: comparing them there would be a false alarm. A copy of the
+    reference with its float16 values exposed as outputs (which makes onnxruntime round
+    them to float16) tells how wide the inputs may be.
+    """
+    probe = reference.clone()
+    with contextlib.suppress(Exception):  # best effort: untyped values are not exposed
+        ShapeInferencePass()(probe)
+    present = {v.name for v in probe.graph.outputs}
+    for node in probe.graph:
+        for value in node.outputs:
+            half = value.type is not None and value.type.dtype == ir.DataType.FLOAT16
+            if half and value.name and value.name not in present:
+                probe.graph.outputs.append(value)
+                present.add(value.name)
+    scales = [_FP16_RANGE / 2**i for i in range(8)]
+    feed_sets = [generate_inputs(reference, options, index)]
+    feed_sets += [
+        generate_inputs(reference, options, index, float_range=(-scale, scale)) for scale in scales
+    ]
+    baseline: dict[str, int] = {}
+    chosen: list[int] = []
+
+    def in_range(run: int, outputs: Mapping[str, np.ndarray]) -> bool:
+        overflows = {
+            name: int(np.count_nonzero(~np.isfinite(value)))
+            for name, value in outputs.items()
+            if value.dtype.kind == "f"
+        }
+        if run == 0:
+            baseline.update(overflows)
+            return False
+        if all(count <= baseline.get(name, 0) for name, count in overflows.items()):
+            chosen.append(run)
+            return True
+        return False
 
     try:
+        _run_session(probe, feed_sets, repeats=1, label="reference (float16 range)",
+                     notify=notify, until=in_range)
+    except _OrtFailure:
+        return None
+    if not chosen:
+        return None
+    return scales[chosen[0] - 1], feed_sets[chosen[0]]
+
+
+def check_candidate(
+    reference: ReferenceRun,
+    candidate: ModelSource,
+    options: ValidationOptions | None = None,
+    progress: Progress | None = None,
+) -> ValidationResult:
+    """Run ``candidate`` on the reference's inputs and compare it with the kept outputs."""
+    options = options or ValidationOptions()
+    notify = progress or _ignore
+    compute_name = None if reference.compute_dtype is None else _dtype_name(reference.compute_dtype)
+    try:
         cand_runs, cand_seconds = _run_session(
-            candidate, feed_sets, repeats=1, label="candidate", notify=notify,
+            candidate, reference.feed_sets, repeats=1, label="candidate", notify=notify,
             only_known_inputs=True,
         )  # fmt: skip
     except _OrtFailure as e:
@@ -934,33 +1265,113 @@ def validate(
         return ValidationResult(
             outputs=(),
             error=f"onnxruntime could not {where} the candidate: {e.message}",
-            input_shapes=input_shapes,
-            seconds_reference=ref_seconds,
+            input_shapes=reference.input_shapes,
+            seconds_reference=reference.seconds,
+            samples=len(reference.feed_sets),
+            compute_dtype=compute_name,
+            range_scale=reference.range_scale,
         )
-
     notify("comparing outputs")
     comparisons: list[OutputComparison] = []
-    for s, (ref_pair, cand_single) in enumerate(zip(ref_runs, cand_runs, strict=True)):
-        first, second = ref_pair
-        self_check = compare_outputs(first, second, rtol=options.rtol, atol=options.atol)
-        unstable = {c.name for c in self_check if not c.passed}
+    for s, (expected, unstable, runs) in enumerate(
+        zip(reference.outputs, reference.unstable, cand_runs, strict=True)
+    ):
         comparisons.extend(
             compare_outputs(
-                first,
-                cand_single[0],
+                expected,
+                runs[0],
                 rtol=options.rtol,
                 atol=options.atol,
                 sample=s,
                 nondeterministic=unstable,
+                compute_dtype=reference.compute_dtype,
+                range_sample=s == reference.range_sample,
             )
         )
     return ValidationResult(
         outputs=tuple(comparisons),
         error=None,
-        input_shapes=input_shapes,
-        seconds_reference=ref_seconds,
+        input_shapes=reference.input_shapes,
+        seconds_reference=reference.seconds,
         seconds_candidate=cand_seconds,
+        samples=len(reference.feed_sets),
+        compute_dtype=compute_name,
+        range_scale=reference.range_scale,
     )
+
+
+def check_intermediates(
+    reference: ModelSource,
+    candidate: ir.Model,
+    values: Sequence[str],
+    run: ReferenceRun,
+    options: ValidationOptions | None = None,
+    progress: Progress | None = None,
+) -> tuple[OutputComparison, ...]:
+    """Compare intermediate values that exist by name in both models (e.g. the outputs of
+    each rewritten subgraph), in the order of ``values``, on the first input set.
+
+    Both models are copied with those values exposed as extra graph outputs and run one
+    after the other (the reference twice, so non-deterministic values are flagged). Values
+    missing from either model, or already graph outputs, are left out.
+    """
+    options = options or ValidationOptions()
+    notify = progress or _ignore
+    reference_ir = _load_for_inputs(reference)
+    reference_ir = reference_ir.clone() if reference_ir is reference else reference_ir
+    candidate_ir = candidate.clone()
+    for model_ir in (reference_ir, candidate_ir):
+        produced = _produced_values(model_ir.graph)
+        if any(produced[n].type is None for n in values if n in produced):
+            with contextlib.suppress(Exception):  # best effort: untyped values are skipped
+                ShapeInferencePass()(model_ir)
+    reference_values = _produced_values(reference_ir.graph)
+    candidate_values = _produced_values(candidate_ir.graph)
+    exposed = []
+    for name in dict.fromkeys(values):
+        ref_value, cand_value = reference_values.get(name), candidate_values.get(name)
+        if ref_value is None or cand_value is None:
+            continue
+        if ref_value.is_graph_output() or cand_value.is_graph_output():
+            continue  # compared as an output already
+        value_type = ref_value.type or cand_value.type
+        if value_type is None:
+            continue
+        for value, model_ir in ((ref_value, reference_ir), (cand_value, candidate_ir)):
+            value.type = value.type or value_type
+            model_ir.graph.outputs.append(value)
+        exposed.append(name)
+    if not exposed:
+        return ()
+    feeds = [run.feed_sets[0]]
+    try:
+        ref_runs, _ = _run_session(reference_ir, feeds, repeats=2, label="reference (values)",
+                                   notify=notify)
+        cand_runs, _ = _run_session(candidate_ir, feeds, repeats=1, label="candidate (values)",
+                                    notify=notify, only_known_inputs=True)
+    except _OrtFailure as e:
+        raise BadInputError(
+            f"onnxruntime cannot run the models with intermediate outputs: {_first_line(e.message)}"
+        ) from None
+    first, second = ref_runs[0]
+    pick = {n: first[n] for n in exposed}
+    unstable = {
+        c.name for c in compare_outputs(pick, {n: second[n] for n in exposed}) if not c.passed
+    }
+    return tuple(
+        compare_outputs(
+            pick,
+            {n: cand_runs[0][0][n] for n in exposed},
+            rtol=options.rtol,
+            atol=options.atol,
+            nondeterministic=unstable,
+            compute_dtype=run.compute_dtype,
+        )
+    )
+
+
+def _produced_values(graph: ir.Graph) -> dict[str, ir.Value]:
+    return {v.name: v for node in graph for v in node.outputs if v.name}
 
 
 def _load_for_inputs(model: ModelSource) -> ir.Model:
@@ -970,6 +1381,49 @@ def _load_for_inputs(model: ModelSource) -> ir.Model:
         return ir.load(os.fspath(model))
     except Exception as e:
         raise BadInputError(f"cannot read model {os.fspath(model)}: {_first_line(e)}") from None
+
+
+def _uses_type(model: ir.Model, dtype: ir.DataType) -> bool:
+    """Whether ``model`` holds or computes a tensor of ``dtype`` anywhere."""
+    for graph in model.graphs():
+        values = [*graph.inputs, *graph.outputs, *graph.initializers.values()]
+        for value in values:
+            if value.type is not None and value.type.dtype == dtype:
+                return True
+    for node in ir.traversal.RecursiveGraphIterator(model.graph):
+        if node.op_type in ("Cast", "CastLike") and node.attributes.get_int("to", 0) == dtype:
+            return True
+        for value in node.outputs:
+            if value.type is not None and value.type.dtype == dtype:
+                return True
+        for attr in node.attributes.values():
+            if attr.type == ir.AttributeType.TENSOR and attr.value.dtype == dtype:
+                return True
+    return False
+
+
+def _compute_dtype(model: ir.Model) -> np.dtype | None:
+    """The loosest half type the model computes in: it bounds every float output's accuracy."""
+    for dtype in _HALF_TYPES:
+        if _uses_type(model, dtype):
+            return dtype.numpy()
+    return None
+
+
+def _range_sample_inputs(model: ir.Model, options: ValidationOptions) -> list[str]:
+    """Generated float inputs the range sample would change."""
+    provided = {k for k in (options.inputs or {}) if isinstance(k, str)}
+    positions = {k for k in (options.inputs or {}) if isinstance(k, int)}
+    names = []
+    for index, value in enumerate(_runtime_inputs(model)):
+        name = value.name or ""
+        if name in provided or index in positions or name in options.input_ranges:
+            continue
+        if "mask" in name.lower() or not isinstance(value.type, ir.TensorType):
+            continue
+        if value.type.dtype.is_floating_point():
+            names.append(name)
+    return names
 
 
 # --------------------------------------------------------------------------- reporting
@@ -983,25 +1437,33 @@ def to_dict(result: ValidationResult) -> dict[str, Any]:
         "input_shapes": {k: [int(d) for d in v] for k, v in result.input_shapes.items()},
         "seconds_reference": _json_float(result.seconds_reference),
         "seconds_candidate": _json_float(result.seconds_candidate),
-        "outputs": [
-            {
-                "name": o.name,
-                "sample": int(o.sample),
-                "dtype": o.dtype,
-                "shape": [int(d) for d in o.shape],
-                "passed": bool(o.passed),
-                "nondeterministic": bool(o.nondeterministic),
-                "reason": o.reason,
-                "rtol": _json_float(o.rtol),
-                "atol": _json_float(o.atol),
-                "max_abs": _json_float(o.max_abs),
-                "max_rel": _json_float(o.max_rel),
-                "mean_abs": _json_float(o.mean_abs),
-                "cosine": _json_float(o.cosine),
-                "pct_out_of_tol": _json_float(o.pct_out_of_tol),
-            }
-            for o in result.outputs
-        ],
+        "samples": int(result.samples),
+        "compute_dtype": result.compute_dtype,
+        "range_scale": result.range_scale,
+        "outputs": [comparison_to_dict(o) for o in result.outputs],
+    }
+
+
+def comparison_to_dict(o: OutputComparison) -> dict[str, Any]:
+    """A JSON-ready view of one output comparison, every statistic included."""
+    return {
+        "name": o.name,
+        "sample": int(o.sample),
+        "dtype": o.dtype,
+        "shape": [int(d) for d in o.shape],
+        "passed": bool(o.passed),
+        "nondeterministic": bool(o.nondeterministic),
+        "reason": o.reason,
+        "rtol": _json_float(o.rtol),
+        "atol": _json_float(o.atol),
+        "max_abs": _json_float(o.max_abs),
+        "max_rel": _json_float(o.max_rel),
+        "mean_abs": _json_float(o.mean_abs),
+        "cosine": _json_float(o.cosine),
+        "pct_out_of_tol": _json_float(o.pct_out_of_tol),
+        "range_sample": bool(o.range_sample),
+        "tolerance_dtype": o.tolerance_dtype,
+        "error_histogram": dict(zip(HISTOGRAM_LABELS, o.histogram, strict=False)),
     }
 
 

@@ -65,16 +65,21 @@ def test_signature_metadata_and_opsets_preserved(capsys, cnn: Path, tmp_path: Pa
     assert a.producer_name == b.producer_name
 
 
-def test_wrong_rule_is_caught_and_model_not_written(capsys, cnn: Path, tmp_path: Path):
+def test_wrong_rule_is_caught_reverted_and_exits_1(capsys, cnn: Path, tmp_path: Path):
+    """Bisection reverts both wrong folds; the model that keeps every verified fusion (here
+    none) is written, and the run still fails unless --allow-revert."""
     out_path = tmp_path / "o.onnx"
     code, _, err = run(capsys, "optimize", cnn, "-o", out_path, "--no-builtin-rules",
                        "--rules", DATA / "wrong_bn_fold.yaml")
     assert code == 1
-    assert "different outputs" in err
-    assert not out_path.exists()
+    assert "2 rule application(s) changed outputs and were reverted" in err
+    assert "wrong-conv-bn-fold on bn1, conv1" in err
+    assert out_path.exists()
+    written = onnx.load(out_path)
+    assert [n.op_type for n in written.graph.node].count("BatchNormalization") == 2
     code, _, _ = run(capsys, "optimize", cnn, "-o", out_path, "--no-builtin-rules",
-                     "--rules", DATA / "wrong_bn_fold.yaml", "--force", "-q")
-    assert code == 1 and out_path.exists()
+                     "--rules", DATA / "wrong_bn_fold.yaml", "--allow-revert", "-q")
+    assert code == 0
 
 
 def test_wrong_rule_fails_its_own_embedded_test(capsys):

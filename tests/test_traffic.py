@@ -225,7 +225,8 @@ def test_normalization_softmax_gelu_and_pool_flops() -> None:
     # x has 1*2*6*6 = 72 elements
     assert only(report, "BatchNormalization").flops == 2 * 72
     assert only(report, "Softmax").flops == 5 * 72
-    assert only(report, "Gelu").flops == 8 * 72
+    # Gelu (erf form) like 0.5*x*(1 + erf(x/sqrt(2))): Div, Erf, Add, Mul, Mul per element
+    assert only(report, "Gelu").flops == 5 * 72
     # MaxPool out [1,2,3,3] = 18 elements, each over a 2x2 window
     assert only(report, "MaxPool").flops == 18 * 4
     # global pool: 1 per input element (18)
@@ -370,6 +371,26 @@ def test_initializer_that_is_also_graph_input_is_not_constant() -> None:
     assert (relu.bytes_read, relu.bytes_written, relu.param_bytes) == (16, 16, 0)
     assert report.kernel_count == 2
     assert report.param_bytes == 0
+
+
+def test_before_ir_version_4_initializer_inputs_are_constants() -> None:
+    """IR < 4 had to list every initializer as an input; runtimes treat them as weights."""
+    model = load(
+        f"""<ir_version: 3, opset_import: ["" : 9]>
+        g (float[4] x, float[4] w) => (float[4] y)
+        <float[4] w = {{{zeros(4)}}}>
+        {{
+          r = Relu(w)
+          y = Add(x, r)
+        }}"""
+    )
+    assert model.graph.initializers["w"].is_graph_input()
+    report = measure(model)
+    # Relu(w) is folded; Add reads x and the folded r (16 bytes each), writes 16
+    assert not only(report, "Relu").is_kernel
+    add = only(report, "Add")
+    assert (add.bytes_read, add.bytes_written, add.param_bytes) == (32, 16, 16)
+    assert report.kernel_count == 1
 
 
 def test_constant_node_output_counts_as_weight_of_its_consumer() -> None:
@@ -644,6 +665,199 @@ def test_unmodelled_and_control_flow_ops_are_not_counted() -> None:
     assert (branch.bytes_read, branch.bytes_written, branch.flops) == (1, 32, 0)
     assert report.not_counted == ("Einsum", "If")
     assert report.node_count == 2  # subgraph nodes are not listed
+
+
+def test_gelu_forms_cost_like_their_decompositions() -> None:
+    model = _contrib(
+        """<ir_version: 10, opset_import: ["" : 20, "com.microsoft": 1]>
+        g (float[2,8] x, float[8] b) => (float[2,8] t, float[2,8] f, float[2,8] bg,
+                                         float[2,8] q)
+        {
+          t = Gelu<approximate: string = "tanh">(x)
+          f = com.microsoft.FastGelu(x, b)
+          bg = com.microsoft.BiasGelu(x, b)
+          q = com.microsoft.QuickGelu(x)
+        }""",
+        {"t": [2, 8], "f": [2, 8], "bg": [2, 8], "q": [2, 8]},
+    )
+    report = measure(model)
+    # 16 elements; tanh form 0.5*x*(1 + tanh(c*(x + 0.044715*x^3))): Pow, Mul, Add, Mul,
+    # Tanh, Add, Mul, Mul = 8 per element
+    assert only(report, "Gelu").flops == 8 * 16
+    assert only(report, "FastGelu").flops == (8 + 1) * 16  # + the bias add
+    assert only(report, "BiasGelu").flops == (5 + 1) * 16
+    # x * sigmoid(alpha * x): Mul, Sigmoid, Mul
+    assert only(report, "QuickGelu").flops == 3 * 16
+
+
+# ------------------------------------------------------------------------ attention
+
+ATTENTION_HEADER = '<ir_version: 10, opset_import: ["" : 23]>'
+
+
+def test_attention_4d_costs_like_its_decomposition() -> None:
+    fused = only(
+        measure(load(
+            f"""{ATTENTION_HEADER}
+            g (float[2,3,4,8] q, float[2,3,5,8] k, float[2,3,5,6] v) => (float[2,3,4,6] y)
+            {{ y = Attention(q, k, v) }}"""
+        )),
+        "Attention",
+    )
+    # scores S = B*H*Sq*Skv = 2*3*4*5 = 120; MACs = S*(D + Dv) = 120*(8 + 6) = 1680
+    assert fused.macs == 1680
+    # 2*MACs + scale (1) and softmax (5) per score = 3360 + 6*120
+    assert fused.flops == 3360 + 720 == 4080
+    # q 192 + k 240 + v 180 floats read, y 144 written
+    assert (fused.bytes_read, fused.bytes_written) == ((192 + 240 + 180) * 4, 144 * 4)
+
+    unfused = measure(load(
+        f"""{ATTENTION_HEADER}
+        g (float[2,3,4,8] q, float[2,3,5,8] k, float[2,3,5,6] v) => (float[2,3,4,6] y)
+        <float c = {{2.0}}>
+        {{
+          kt = Transpose<perm: ints = [0, 1, 3, 2]>(k)
+          s = MatMul(q, kt)
+          d = Div(s, c)
+          p = Softmax(d)
+          y = MatMul(p, v)
+        }}"""
+    ))
+    # MatMul 2*6*4*5*8 = 1920, Div 120, Softmax 5*120 = 600, MatMul 2*6*4*6*5 = 1440
+    assert unfused.flops == 1920 + 120 + 600 + 1440 == fused.flops
+    assert unfused.macs == fused.macs
+
+
+def test_attention_3d_with_mask_and_past_key() -> None:
+    model = load(
+        f"""{ATTENTION_HEADER}
+        g (float[1,4,16] q, float[1,6,16] k, float[1,6,12] v, float[1,2,4,9] m,
+           float[1,2,3,8] pk, float[1,2,3,6] pv) => (float[1,4,12] y)
+        {{ y = Attention<q_num_heads: int = 2, kv_num_heads: int = 2>(q, k, v, m, pk, pv) }}""",
+        infer=False,
+    )
+    node = only(measure(model), "Attention")
+    # heads 2, D = 16/2 = 8, Dv = 12/2 = 6; kv length 6 + past 3 = 9
+    # S = 1*2*4*9 = 72; MACs = 72*(8 + 6) = 1008; FLOPs = 2016 + (6 + 1 mask)*72
+    assert node.macs == 1008
+    assert node.flops == 2016 + 7 * 72 == 2520
+
+
+def test_attention_3d_without_head_counts_is_unknown() -> None:
+    model = load(
+        f"""{ATTENTION_HEADER}
+        g (float[1,4,16] q, float[1,6,16] k, float[1,6,16] v) => (float[1,4,16] y)
+        {{ y = Attention(q, k, v) }}""",
+        infer=False,
+    )
+    node = only(measure(model), "Attention")
+    assert node.flops == 0 and not node.known
+
+
+def _contrib(text: str, shapes: dict[str, list[int]]) -> ir.Model:
+    """A com.microsoft model; onnx's shape inference does not know these ops."""
+    model = load(text, infer=False)
+    for node in model.graph:
+        for out in node.outputs:
+            if out.name in shapes:
+                out.shape = ir.Shape(shapes[out.name])
+                out.type = ir.TensorType(ir.DataType.FLOAT)
+    return model
+
+
+def test_multihead_attention_and_fused_matmul_gemm() -> None:
+    model = _contrib(
+        """<ir_version: 10, opset_import: ["" : 18, "com.microsoft": 1]>
+        g (float[1,4,16] q, float[1,6,16] k, float[1,6,16] v, float[1,2,4,6] m,
+           float[8,4] a, float[8,5] b, float[2,3] x, float[3,4] w)
+          => (float[1,4,16] y, float[4,5] z, float[2,4] r)
+        {
+          y = com.microsoft.MultiHeadAttention<num_heads: int = 2>(q, k, v, , , m)
+          z = com.microsoft.FusedMatMul<transA: int = 1, alpha: float = 0.5>(a, b)
+          r = com.microsoft.FusedGemm<activation: string = "Relu">(x, w)
+        }""",
+        {"y": [1, 4, 16], "z": [4, 5], "r": [2, 4]},
+    )
+    report = measure(model)
+    mha = only(report, "MultiHeadAttention")
+    # S = 1*2*4*6 = 48, D = Dv = 16/2 = 8: MACs 48*16 = 768; FLOPs 1536 + (6 + 1 mask)*48
+    assert mha.macs == 768
+    assert mha.flops == 1536 + 7 * 48 == 1872
+    matmul = only(report, "FusedMatMul")
+    # A^T is [4,8]: M=4, K=8, N=5 -> 160 MACs; alpha != 1 scales the 20 outputs
+    assert (matmul.macs, matmul.flops) == (160, 2 * 160 + 20)
+    gemm = only(report, "FusedGemm")
+    # M=2, K=3, N=4 -> 24 MACs; Relu on the 8 outputs
+    assert (gemm.macs, gemm.flops) == (24, 48 + 8)
+
+
+# ------------------------------------------------------------- convolution algorithm
+
+CONV_MODEL = f"""{HEADER}
+g (float[1,3,8,8] x) => (float[1,4,6,6] y)
+<float[4,3,3,3] W = {{{zeros(108)}}}>
+{{ y = Conv(x, W) }}"""
+
+
+def test_im2col_adds_the_column_buffer_write_and_read() -> None:
+    model = load(CONV_MODEL)
+    direct = only(measure(model), "Conv")
+    conv = only(measure(model, conv_algo="im2col"), "Conv")
+    # column buffer: N*OH*OW*KH*KW*C = 1*6*6*3*3*3 = 972 floats = 3888 bytes, written + read
+    assert conv.bytes_written == 144 * 4 + 3888
+    assert conv.bytes_read == (192 + 108) * 4 + 3888
+    assert conv.workspace_bytes == 2 * 3888
+    assert conv.bytes_total - direct.bytes_total == 7776
+    assert (conv.flops, conv.macs) == (direct.flops, direct.macs)
+    assert direct.workspace_bytes == 0
+
+
+def test_indirect_adds_the_pointer_buffer_read() -> None:
+    conv = only(measure(load(CONV_MODEL), conv_algo="indirect"), "Conv")
+    # OH*OW*KH*KW = 36*9 = 324 pointers of 8 bytes, read only
+    assert conv.bytes_read == (192 + 108) * 4 + 324 * 8
+    assert conv.bytes_written == 144 * 4
+    assert conv.workspace_bytes == 2592
+
+
+def test_im2col_grouped_strided_padded_fp16() -> None:
+    model = load(
+        f"""{HEADER}
+        g (float16[2,4,8,8] x) => (float16[2,6,4,4] y)
+        <float16[6,2,3,3] W = {{{zeros(108)}}}>
+        {{ y = Conv<group: int = 2, pads: ints = [1, 1, 1, 1], strides: ints = [2, 2]>(x, W) }}
+        """
+    )
+    conv = only(measure(model, conv_algo="im2col"), "Conv")
+    # each of the 2 groups fills a buffer of OH*OW*KH*KW*C/group = 16*9*2 = 288 per image:
+    # 2 images * 2 groups * 288 = 1152 halfs = 2304 bytes, written and read
+    assert conv.workspace_bytes == 2 * 2304
+    assert conv.bytes_written == 192 * 2 + 2304
+    indirect = only(measure(model, conv_algo="indirect"), "Conv")
+    # 2 images * 16 * 9 = 288 pointers
+    assert indirect.workspace_bytes == 288 * 8
+
+
+def test_pointwise_conv_needs_no_buffer_but_a_strided_one_does() -> None:
+    text = f"""{HEADER}
+        g (float[1,3,8,8] x) => (float[1,4,8,8] y, float[1,4,4,4] z)
+        <float[4,3,1,1] W = {{{zeros(12)}}}>
+        {{
+          y = Conv(x, W)
+          z = Conv<strides: ints = [2, 2]>(x, W)
+        }}"""
+    report = measure(load(text), conv_algo="im2col")
+    plain, strided = report.nodes
+    assert plain.workspace_bytes == 0
+    # the strided 1x1 gathers 4*4*1*1*3 = 48 floats = 192 bytes, written and read
+    assert strided.workspace_bytes == 2 * 192
+    assert report.workspace_bytes == 384
+    assert measure(load(text), conv_algo="indirect").nodes[0].workspace_bytes == 0
+
+
+def test_unknown_conv_algo_is_bad_input() -> None:
+    with pytest.raises(BadInputError, match="winograd"):
+        measure(load(CONV_MODEL), conv_algo="winograd")
 
 
 # ------------------------------------------------------------------- report helpers

@@ -32,8 +32,8 @@ def add_const(c: str, dtype: str = "float") -> ir.Model:
     )
 
 
-def only(result: v.ValidationResult, name: str = "y") -> v.OutputComparison:
-    matches = [o for o in result.outputs if o.name == name]
+def only(result: v.ValidationResult, name: str = "y", sample: int = 0) -> v.OutputComparison:
+    matches = [o for o in result.outputs if o.name == name and o.sample == sample]
     assert len(matches) == 1, result.outputs
     return matches[0]
 
@@ -115,6 +115,23 @@ def test_same_relative_error_passes_fp16_fails_fp32():
     (c32,) = v.compare_outputs({"y": ref.astype(np.float32)}, {"y": cand.astype(np.float32)})
     assert c16.passed and c16.max_rel == pytest.approx(2**-10)
     assert not c32.passed and c32.max_rel == pytest.approx(2**-10)
+
+
+def test_fp32_tolerance_is_relative_to_at_least_the_rms():
+    """GPT-2 logits: RMS ~17, one element near zero moved by 1.2e-4 through reassociated
+    sums. Tolerance there is 1e-5 + 1e-4 * 17 = 1.7e-3, so rounding passes and a real
+    error of 0.01 on the same element does not."""
+    rng = np.random.default_rng(0)
+    ref = (rng.standard_normal(1000) * 17).astype(np.float32)
+    ref[7] = 0.03
+    rms = float(np.sqrt(np.mean(ref.astype(np.float64) ** 2)))
+    rounding, bug = ref.copy(), ref.copy()
+    rounding[7] += 1.2e-4
+    bug[7] += 1e-5 + 1e-4 * rms + 1e-3
+    (ok,) = v.compare_outputs({"y": ref}, {"y": rounding})
+    (bad,) = v.compare_outputs({"y": ref}, {"y": bug})
+    assert ok.passed
+    assert not bad.passed and bad.pct_out_of_tol == pytest.approx(0.1)
 
 
 def test_bfloat16_tolerances():
@@ -475,3 +492,326 @@ def test_to_dict_is_json_ready():
     ok = v.to_dict(v.validate(add_const("1, 2, 3"), add_const("1, 2, 3")))
     json.dumps(ok, allow_nan=False)
     assert ok["outputs"][0]["max_abs"] == 0.0 and ok["input_shapes"] == {"x": [1, 3]}
+
+
+# --------------------------------------------------------------------------- input folders
+
+
+def save_pb(path, array: np.ndarray, name: str = "") -> None:
+    path.write_bytes(onnx.numpy_helper.from_array(array, name).SerializeToString())
+
+
+def test_inputs_from_a_test_data_set_folder(tmp_path):
+    m = model("g (float[N, 3] x, int64[N] k) => (float[N, 3] y) { y = Identity(x) }")
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    k = np.array([4, 5], np.int64)
+    save_pb(tmp_path / "input_0.pb", x, "x")
+    save_pb(tmp_path / "input_1.pb", k)  # no name: the model's second input, by position
+    save_pb(tmp_path / "output_0.pb", x, "y")  # expected outputs are ignored
+    loaded = v.load_input_files([], tmp_path)
+    assert set(loaded) == {"x", 1}
+    feeds = v.generate_inputs(m, v.ValidationOptions(inputs=loaded))
+    np.testing.assert_array_equal(feeds["x"], x)
+    np.testing.assert_array_equal(feeds["k"], k)
+    named = v.load_input_files([], tmp_path, input_names=["x", "k"])
+    assert set(named) == {"x", "k"}
+    result = v.validate(m, m, v.ValidationOptions(inputs=loaded))
+    assert result.passed and result.input_shapes == {"x": (2, 3), "k": (2,)}
+
+
+@pytest.mark.parametrize(
+    ("files", "message"),
+    [
+        ({}, "no input_0.pb"),
+        ({"input_0.pb": "x", "input_2.pb": "k"}, "input_1.pb is missing"),
+        ({"input_0.pb": b"\xff\xff\xff garbage"}, "cannot read"),
+        ({"input_0.pb": "", "input_1.pb": "", "input_2.pb": ""}, "has only 2 inputs"),
+        ({"input_0.pb": "k", "input_1.pb": ""}, "given twice"),
+    ],
+)
+def test_input_folder_errors(tmp_path, files, message):
+    for file, content in files.items():
+        if isinstance(content, bytes):
+            (tmp_path / file).write_bytes(content)
+        else:
+            save_pb(tmp_path / file, np.zeros(2, np.float32), content)
+    with pytest.raises(BadInputError, match=message) as info:
+        v.load_input_files([], tmp_path, input_names=["x", "k"])
+    assert "\n" not in str(info.value)
+
+
+def test_cli_accepts_an_input_folder(capsys, tmp_path):
+    from fusectl.cli import main
+
+    path = tmp_path / "m.onnx"
+    ir.save(add_const("0.0, 1.0, 2.0"), path)
+    data = tmp_path / "test_data_set_0"
+    data.mkdir()
+    save_pb(data / "input_0.pb", np.ones((4, 3), np.float32))
+    report = tmp_path / "r.json"
+    code = main(["optimize", str(path), "--inputs", str(data), "--json", str(report), "-q"])
+    assert code == 0, capsys.readouterr().err
+    assert json.loads(report.read_text())["validation"]["input_shapes"] == {"x": [4, 3]}
+    save_pb(data / "input_1.pb", np.ones((4, 3), np.float32))
+    assert main(["optimize", str(path), "--inputs", str(data), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert "only 1 inputs" in err and len(err.strip().splitlines()) == 1
+
+
+def test_inputs_that_cannot_be_generated_say_how_to_provide_them():
+    strings = model("g (string[2] s) => (string[2] y) { y = Identity(s) }")
+    with pytest.raises(BadInputError, match="of type string.*--input NAME=FILE.npy"):
+        v.generate_inputs(strings)
+    digits = v.generate_inputs(strings, v.ValidationOptions(input_ranges={"s": (0, 10)}))
+    assert all(d in "0123456789" for d in digits["s"])
+    proto = onnx.parser.parse_model(f"{HEADER}\ng (float x) => (float y) {{ y = Identity(x) }}")
+    proto.graph.input[0].type.tensor_type.ClearField("shape")  # rank unknown
+    with pytest.raises(BadInputError, match="rank is unknown; provide it with --input"):
+        v.generate_inputs(ir.serde.deserialize_model(proto))
+
+
+# --------------------------------------------------------------------------- half precision
+
+
+def test_half_outputs_measure_relative_error_against_the_rms():
+    # rms of the reference [0.001, 1, -1, 1, -1] is sqrt(4/5) = 0.894, so in fp16 an element
+    # may be off by 1e-3 + 1e-2 * 0.894 = 0.0099 whatever its own magnitude.
+    ref = np.array([0.001, 1, -1, 1, -1])
+    near = ref + np.array([0.008, 0, 0, 0, 0])
+    far = ref + np.array([0.011, 0, 0, 0, 0])
+    (ok16,) = v.compare_outputs({"y": ref.astype(np.float16)}, {"y": near.astype(np.float16)})
+    (bad16,) = v.compare_outputs({"y": ref.astype(np.float16)}, {"y": far.astype(np.float16)})
+    (bad32,) = v.compare_outputs({"y": ref.astype(np.float32)}, {"y": near.astype(np.float32)})
+    assert ok16.passed and not bad16.passed and not bad32.passed
+    assert bad16.pct_out_of_tol == pytest.approx(20.0)
+
+
+def test_wider_outputs_of_a_half_model_get_half_tolerances():
+    ref, cand = {"y": np.array([1.0, 2.0], np.float32)}, {"y": np.array([1.005, 2.0], np.float32)}
+    (strict,) = v.compare_outputs(ref, cand)
+    (half,) = v.compare_outputs(ref, cand, compute_dtype=np.dtype(np.float16))
+    assert not strict.passed and strict.tolerance_dtype is None
+    assert half.passed and (half.rtol, half.atol, half.tolerance_dtype) == (1e-2, 1e-3, "float16")
+    m = model(
+        "g (float[N, 4] x) => (float[N, 4] y) { h = Cast<to=10>(x)\n y = Cast<to=1>(h) }"
+    )
+    result = v.validate(m, m)
+    assert result.compute_dtype == "float16"
+    assert {o.tolerance_dtype for o in result.outputs} == {"float16"}
+
+
+def test_saturation_and_reference_overflow():
+    top = float(np.finfo(np.float16).max)
+    (saturated,) = v.compare_outputs(
+        {"y": np.array([top, 1.0], np.float16)}, {"y": np.array([np.inf, 1.0], np.float16)}
+    )
+    (overflow,) = v.compare_outputs(
+        {"y": np.array([100.0, 1.0], np.float16)}, {"y": np.array([np.inf, 1.0], np.float16)}
+    )
+    assert saturated.passed and not overflow.passed
+    ref, cand = {"y": np.array([np.inf, 1.0], np.float16)}, {"y": np.array([5.0, 1.0], np.float16)}
+    (normal,) = v.compare_outputs(ref, cand)
+    (ranged,) = v.compare_outputs(ref, cand, range_sample=True)
+    assert not normal.passed
+    assert ranged.passed and ranged.range_sample  # the reference overflowed there itself
+
+
+def fp16_rms_model(opset: int) -> ir.Model:
+    """An fp16 RMS norm computed in float32 between Casts, as fp16 LLM exports write it."""
+    helper, tp = onnx.helper, onnx.TensorProto
+    nodes = [
+        helper.make_node("Cast", ["x"], ["xf"], to=tp.FLOAT),
+        helper.make_node("Pow", ["xf", "two"], ["sq"]),
+        helper.make_node("ReduceMean", ["sq", "axes"], ["ms"]),
+        helper.make_node("Add", ["ms", "eps"], ["v"]),
+        helper.make_node("Sqrt", ["v"], ["r"]),
+        helper.make_node("Div", ["xf", "r"], ["n"]),
+        helper.make_node("Cast", ["n"], ["z"], to=tp.FLOAT16),
+        helper.make_node("Mul", ["z", "w"], ["y"]),
+    ]
+    weights = {
+        "axes": np.array([-1], np.int64),
+        "eps": np.array(1e-6, np.float32),
+        "two": np.array(2.0, np.float32),
+        "w": np.linspace(0.5, 1.5, 64).astype(np.float16),
+    }
+    graph = helper.make_graph(
+        nodes, "rms",
+        [helper.make_tensor_value_info("x", tp.FLOAT16, ["batch", 4, 64])],
+        [helper.make_tensor_value_info("y", tp.FLOAT16, ["batch", 4, 64])],
+        [onnx.numpy_helper.from_array(a, n) for n, a in weights.items()],
+    )  # fmt: skip
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
+                              ir_version=10)
+    return ir.serde.deserialize_model(proto)
+
+
+def test_fp16_models_get_a_range_sample():
+    m = fp16_rms_model(18)
+    reference = v.run_reference(m)
+    assert reference.range_sample == 1 and len(reference.feed_sets) == 2
+    wide = np.abs(reference.feed_sets[1]["x"].astype(np.float32))
+    assert 256 < wide.max() < 512  # squares overflow float16 for |x| > 256
+    assert np.abs(reference.feed_sets[0]["x"].astype(np.float32)).max() <= 1
+    assert v.run_reference(m, v.ValidationOptions(fp16_range_sample=False)).range_sample is None
+    assert v.run_reference(add_const("1, 2, 3")).range_sample is None  # float32 model
+    given = v.ValidationOptions(inputs={"x": np.ones((1, 4, 64), np.float16)})
+    assert v.run_reference(m, given).range_sample is None  # no generated float input
+
+
+# The deliberately wrong fp16 rule (written only here): it keeps the squares of an RMS norm
+# in float16 to halve their traffic. On inputs in [-1, 1) that only rounds; beyond 256 the
+# squares overflow to inf, the norm to inf, and the output to zero.
+HALF_SQUARES = """\
+version: 1
+rules:
+  - id: rmsnorm-half-squares
+    summary: Broken on purpose - keeps the squares in float16; they overflow.
+    match:
+      - xf = Cast<to=1>(x)
+      - sq = Pow(xf, two)
+      - ms = ReduceMean<keepdims=1>(sq, axes)
+    where:
+      - expr: dtype(x) == "float16"
+    replace:
+      - xf = Cast<to=1>(x)
+      - sq16 = Cast<to=10>(Mul(xf, xf))
+      - ms = ReduceMean<keepdims=1>(Cast<to=1>(sq16), axes)
+"""
+
+
+def test_fp16_overflow_is_caught_by_the_range_sample_and_bisected(tmp_path):
+    import fusectl
+
+    (tmp_path / "half.yaml").write_text(HALF_SQUARES)
+    rules = fusectl.load_rule_set([tmp_path / "half.yaml"], builtin=False)
+    result = fusectl.optimize(fp16_rms_model(18), rules=rules)
+    bisection = result.bisection
+    assert bisection is not None
+    ordinary, ranged = bisection.initial.outputs
+    assert ordinary.passed and not ordinary.range_sample  # only rounding on [-1, 1)
+    assert not ranged.passed and ranged.range_sample
+    assert ranged.max_abs > 0.5  # outputs of magnitude ~1 collapsed to 0
+    assert [(a.rule_id, a.matched) for a in bisection.reverted] == [
+        ("rmsnorm-half-squares", ("ReduceMean_0", "Pow_0", "Cast_0"))
+    ]
+    assert result.verified and result.rewrite.applications == ()
+
+
+def test_legitimate_fp16_fusion_passes_both_samples():
+    import fusectl
+
+    result = fusectl.optimize(fp16_rms_model(23))
+    assert result.rewrite.counts().get("rmsnorm-normalize-fp16") == 1
+    assert result.passed and result.bisection is None
+    assert [o.range_sample for o in result.validation.outputs] == [False, True]
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+def test_error_histogram_buckets_by_decade():
+    ref = np.zeros(7, np.float64)
+    cand = np.array([0.0, 5e-10, 3e-3, 0.5, 150.0, np.nan, 2e-3])
+    (out,) = v.compare_outputs({"y": ref}, {"y": cand})
+    counts = dict(zip(v.HISTOGRAM_LABELS, out.histogram, strict=True))
+    assert counts == {
+        "0": 1, "<1e-9": 1, "1e-9": 0, "1e-8": 0, "1e-7": 0, "1e-6": 0, "1e-5": 0, "1e-4": 0,
+        "1e-3": 2, "1e-2": 0, "1e-1": 1, "1e0": 0, "1e1": 0, ">=1e2": 1, "nan/inf": 1,
+    }  # fmt: skip
+    assert v.comparison_to_dict(out)["error_histogram"] == counts
+
+
+def test_reference_outputs_are_reused_for_many_candidates(monkeypatch):
+    created: list[object] = []
+    real = onnxruntime.InferenceSession
+
+    def spy(source, *args, **kwargs):
+        created.append(source)
+        return real(source, *args, **kwargs)
+
+    monkeypatch.setattr(onnxruntime, "InferenceSession", spy)
+    reference = v.run_reference(add_const("0.0, 1.0, 2.0"), v.ValidationOptions(samples=2))
+    good = v.check_candidate(reference, add_const("0.0, 1.0, 2.0"))
+    bad = v.check_candidate(reference, add_const("0.0, 1.0, 9.0"))
+    assert len(created) == 3  # one reference session for both candidates
+    assert good.passed and not bad.passed and bad.samples == 2
+    assert [o.max_abs for o in bad.outputs] == pytest.approx([7.0, 7.0])
+
+
+def test_check_intermediates_compares_named_values_in_order():
+    ref = model("g (float[N, 3] x) => (float[N, 3] y) { a = Relu(x)\n b = Neg(a)\n y = Abs(b) }")
+    cand = model(
+        "g (float[N, 3] x) => (float[N, 3] y) <float c = {2.0}> "
+        "{ a = Relu(x)\n b0 = Neg(a)\n b = Mul(b0, c)\n y = Abs(b) }"
+    )
+    reference = v.run_reference(ref)
+    compared = v.check_intermediates(ref, cand, ["b", "a", "b0", "y"], reference)
+    assert [c.name for c in compared] == ["b", "a"]  # b0 is not in ref; y is an output
+    b, a = compared
+    assert a.passed and a.max_abs == 0
+    feeds = reference.feed_sets[0]["x"]
+    assert not b.passed and b.max_abs == pytest.approx(np.maximum(feeds, 0).max())
+    assert [o.name for o in ref.graph.outputs] == ["y"]  # the models were copied
+
+
+def test_progress_steps_count_the_runs():
+    steps: list[str] = []
+    v.validate(add_const("1, 2, 3"), add_const("1, 2, 3"), v.ValidationOptions(samples=2),
+               progress=steps.append)
+    counted = [(s.done, s.total) for s in steps if isinstance(s, v.ProgressStep)]
+    assert counted == [(0, 4), (1, 4), (2, 4), (3, 4), (4, 4), (0, 2), (1, 2), (2, 2)]
+
+
+def test_api_validates_token_ids_and_flags_nondeterminism():
+    import fusectl
+
+    values = ", ".join(str(float(i % 7)) for i in range(1000 * 4))
+    m = model(
+        "g (int64[1, 64] input_ids) => (float[1, 64, 4] y, float[1, 64, 4] r) "
+        f"<float[1000, 4] emb = {{{values}}}, float[4, 4] w = {{1,0,0,0, 0,2,0,0, 0,0,3,0, "
+        "0,0,0,4}, float[4] b = {1, 1, 1, 1}> "
+        "{ e = Gather(emb, input_ids)\n m = MatMul(e, w)\n y = Add(m, b)\n"
+        " r = RandomUniformLike(y) }"
+    )
+    result = fusectl.optimize(m)
+    assert result.rewrite.applications  # MatMul + Add fused
+    assert result.passed and result.bisection is None
+    statuses = {o.name: (o.passed, o.nondeterministic) for o in result.validation.outputs}
+    assert statuses == {"y": (True, False), "r": (True, True)}
+    assert result.validation.input_shapes == {"input_ids": (1, 64)}
+
+
+def test_external_data_models_are_loaded_from_disk(tmp_path, samples, monkeypatch):
+    import fusectl
+
+    path = tmp_path / "cnn.onnx"
+    ir.save(ir.load(samples / "cnn.onnx"), path, external_data="cnn.data")
+    sources: list[object] = []
+    real = onnxruntime.InferenceSession
+
+    def spy(source, *args, **kwargs):
+        sources.append(source)
+        return real(source, *args, **kwargs)
+
+    monkeypatch.setattr(onnxruntime, "InferenceSession", spy)
+    assert fusectl.optimize(path).passed
+    reference, candidate = sources
+    assert reference == str(path)  # onnxruntime reads the user's files itself
+    assert isinstance(candidate, str) and candidate.endswith("model.onnx")  # a temp file
+
+
+def test_progress_display_follows_the_runs():
+    import io
+
+    from rich.console import Console
+
+    from fusectl.report import validation_progress
+
+    with validation_progress(Console(file=io.StringIO()), enabled=False) as say:
+        say("anything")  # a no-op
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=100)
+    with validation_progress(console, enabled=True) as say:
+        v.validate(add_const("1, 2, 3"), add_const("1, 2, 3"), progress=say)
+    assert "candidate run" in out.getvalue() or "comparing outputs" in out.getvalue()
