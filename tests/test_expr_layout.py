@@ -22,14 +22,8 @@ from fusectl.expr import NoMatch
 LAYOUT_FUNCTIONS = [
     "norm_axes", "permute_axes", "reduced_perm", "fill_reshape_zeros", "moves_unit_dims_only",
     "transposed_shape", "is_noop_reshape", "squeezed_axes", "merge_unsqueeze_axes",
-    "merge_squeeze_axes", "itemsize", "lift_rank",
+    "merge_squeeze_axes", "itemsize", "lift_rank", "slice_range", "tiling_sizes", "num_uses",
 ]
-
-
-
-
-
-
 
 
 def fn(name: str) -> Any:
@@ -232,3 +226,41 @@ def test_lift_rank_then_transpose_is_the_broadcast_constant() -> None:
     assert fn("lift_rank")(2.0, 2).shape == (1, 1)
     with pytest.raises(NoMatch):
         fn("lift_rank")(_const("c", np.zeros((1, 2, 3), np.float32)), 2)
+
+
+# ------------------------------------------------ sibling slices (rules/25-siblings.yaml)
+
+
+def test_slice_range_and_tiling_sizes() -> None:
+    x = _dynamic("x", [2, "N", 10])
+    i64 = np.int64
+    assert ev("slice_range(x, s, e, a)", x=x, s=_const("s", np.array([-4], i64)),
+              e=_const("e", np.array([2**63 - 1], i64)), a=_const("a", np.array([2], i64))
+              ) == [2, 6, 10]
+    assert fn("slice_range")(_const("x", np.zeros((6, 3), np.float32)), [1], [4]
+                                    ) == [0, 1, 4]
+    for bad in ([1, 0], [0, 1]):  # the symbolic axis; two axes
+        with pytest.raises(NoMatch):
+            fn("slice_range")(x, bad[:1] * (1 + bad[1]), [3] * (1 + bad[1]),
+                                     [bad[0]] * (1 + bad[1]))
+    with pytest.raises(NoMatch, match="step"):
+        fn("slice_range")(x, [0], [4], [2], [2])
+    assert fn("tiling_sizes")([[2, 0, 4], [2, 4, 10]], x).tolist() == [4, 6]
+    for ranges in ([[2, 0, 4], [2, 5, 10]], [[2, 0, 6], [2, 4, 10]], [[2, 0, 4], [2, 4, 9]],
+                   [[2, 0, 0], [2, 0, 10]]):
+        with pytest.raises(NoMatch):
+            fn("tiling_sizes")(ranges, x)
+
+
+def test_num_uses_counts_readers_and_graph_outputs() -> None:
+    a, b = _dynamic("a", [4]), _dynamic("b", [4])
+    add = ir.Node("", "Add", [a, b], outputs=[ir.Value(name="s")])
+    mul = ir.Node("", "Mul", [add.outputs[0], add.outputs[0]], outputs=[ir.Value(name="m")])
+    neg = ir.Node("", "Neg", [mul.outputs[0]], outputs=[ir.Value(name="z")])
+    relu = ir.Node("", "Relu", [add.outputs[0]], outputs=[ir.Value(name="extra")])
+    ir.Graph([a, b], [neg.outputs[0], relu.outputs[0]], nodes=[add, mul, neg, relu])
+    values = {v.name: v for n in (add, mul, neg, relu) for v in n.outputs}
+    assert fn("num_uses")(values["s"]) == 3  # Mul reads it twice, Relu once
+    assert fn("num_uses")(values["z"]) == 1  # a graph output
+    with pytest.raises(NoMatch):
+        fn("num_uses")(np.ones(2))

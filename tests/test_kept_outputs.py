@@ -14,12 +14,10 @@ import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper
 from values import const, dynamic
-from values import evaluate as ev
 
 from fusectl.api import optimize
 from fusectl.compile import compile_rules
 from fusectl.errors import RuleFileError
-from fusectl.expr import FUNCTIONS, NoMatch
 from fusectl.rewrite import apply_rules
 from fusectl.rulefile import load_rule_text, load_rules
 from fusectl.ruletest import check_model
@@ -147,36 +145,6 @@ def test_split_outputs_follow_the_axis_not_the_graph_order(first, second) -> Non
     sizes = splits[0].inputs[1].const_value.numpy().tolist()
     low, high = sorted([first, second])
     assert sizes == [min(low[1], 8) - low[0] % 8, 8 - min(low[1], 8)]
-
-
-def test_slice_range_and_tiling_sizes() -> None:
-    x = dynamic("x", [2, "N", 10])
-    i64 = np.int64
-    assert ev("slice_range(x, s, e, a)", x=x, s=const("s", np.array([-4], i64)),
-              e=const("e", np.array([2**63 - 1], i64)), a=const("a", np.array([2], i64))
-              ) == [2, 6, 10]
-    assert FUNCTIONS["slice_range"](const("x", np.zeros((6, 3), np.float32)), [1], [4]
-                                    ) == [0, 1, 4]
-    for bad in ([1, 0], [0, 1]):  # the symbolic axis; two axes
-        with pytest.raises(NoMatch):
-            FUNCTIONS["slice_range"](x, bad[:1] * (1 + bad[1]), [3] * (1 + bad[1]),
-                                     [bad[0]] * (1 + bad[1]))
-    with pytest.raises(NoMatch, match="step"):
-        FUNCTIONS["slice_range"](x, [0], [4], [2], [2])
-    assert FUNCTIONS["tiling_sizes"]([[2, 0, 4], [2, 4, 10]], x).tolist() == [4, 6]
-    for ranges in ([[2, 0, 4], [2, 5, 10]], [[2, 0, 6], [2, 4, 10]], [[2, 0, 4], [2, 4, 9]],
-                   [[2, 0, 0], [2, 0, 10]]):
-        with pytest.raises(NoMatch):
-            FUNCTIONS["tiling_sizes"](ranges, x)
-
-
-def test_num_uses_counts_readers_and_graph_outputs() -> None:
-    model = _escape_model("s")
-    values = {v.name: v for n in model.graph for v in n.outputs}
-    assert FUNCTIONS["num_uses"](values["s"]) == 3  # Mul reads it twice, Relu once
-    assert FUNCTIONS["num_uses"](values["z"]) == 1  # a graph output
-    with pytest.raises(NoMatch):
-        FUNCTIONS["num_uses"](np.ones(2))
 
 
 # ------------------------------------------------- onnxruntime's default-domain contrib ops
