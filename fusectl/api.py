@@ -222,15 +222,15 @@ def optimize(
     clock = time.perf_counter()
     say("applying rules")
 
-    def finish(model: ir.Model) -> None:
-        tidy(model)
+    def finish(model: ir.Model, rewritten: RewriteResult) -> None:
+        tidy(model, [name for app in rewritten.applications for name in app.initializers])
         modelio.restore_signature(model, signature, keep_opsets=opset is not None)
         if any(f.overload for f in model.functions.values()):
             model.ir_version = max(model.ir_version, OVERLOAD_IR_VERSION)
         reattach_legacy_initializer_inputs(model)
 
     rewrite = apply_rules(working, rules, target=active.names, dims=dims)
-    finish(working)
+    finish(working, rewrite)
     seconds["rewrite"] = time.perf_counter() - clock
 
     clock = time.perf_counter()
@@ -255,7 +255,7 @@ def optimize(
                 model = pristine.clone()
                 replayed = apply_rules(model, rules, target=active.names, dims=dims,
                                        accept=accept)
-                finish(model)
+                finish(model, replayed)
                 return model, replayed
 
             bisection, kept = _bisect(rewrite, result_validation, replay, expected, options,

@@ -8,12 +8,12 @@ without this stage rules would silently not fire.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import onnx_ir as ir
 from onnx_ir.passes.common import (
     CommonSubexpressionEliminationPass,
-    DeduplicateInitializersPass,
     LiftConstantsToInitializersPass,
     RemoveUnusedNodesPass,
     ShapeInferencePass,
@@ -92,18 +92,35 @@ def prepare(model: ir.Model, *, fold: bool = True) -> PrepareResult:
     return PrepareResult(folded, result.modified)
 
 
-def tidy(model: ir.Model) -> None:
+def tidy(model: ir.Model, created: Collection[str] = ()) -> None:
     """Merge the duplicates rewrites create: three projections of one LayerNorm output
     each get their own Reshape to 2-D (and their own shape constant) when they become
-    Gemms; one is enough. Only small constants are compared by content. Then shapes are
+    Gemms; one is enough. Only the small constants named in ``created`` are compared by
+    content (equal weights the model already had are its own business). Then shapes are
     inferred again, for the traffic model."""
     if model.ir_version >= LEGACY_IR_VERSION:
-        DeduplicateInitializersPass(size_limit=TIDY_CONSTANT_LIMIT)(model)
+        _merge_equal_constants(model.graph, created)
         CommonSubexpressionEliminationPass()(model)
         RemoveUnusedNodesPass()(model)
     # New nodes were typed one by one, without the values of new shape constants (a
     # Reshape to [-1, K] came out as [?, ?]); the whole model sees them.
     ShapeInferencePass()(model)
+
+
+def _merge_equal_constants(graph: ir.Graph, names: Collection[str]) -> None:
+    first: dict[tuple[object, ...], ir.Value] = {}
+    for name in names:
+        value = graph.initializers.get(name)
+        if value is None or value.const_value is None or value.is_graph_input() \
+                or value.is_graph_output() or value.const_value.size > TIDY_CONSTANT_LIMIT:
+            continue
+        array = value.const_value.numpy()
+        key = (array.dtype.str, array.shape, array.tobytes())
+        if key not in first:
+            first[key] = value
+            continue
+        value.replace_all_uses_with(first[key])
+        del graph.initializers[name]
 
 
 def _fold_constant_of_shape(node: ir.Node) -> bool | None:
