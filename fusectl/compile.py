@@ -741,11 +741,30 @@ def _replacement(compiled: CompiledRule, root: ir.Node, matched: list[ir.Node],
     for name in absent:
         if name in made and not made[name].uses():
             made[name].name = ""
+    new_nodes, name_hints = _without_dead_nodes(new_nodes, name_hints)
     for index, value in enumerate(new_outputs):
         if value is None:
             raise NoRewrite(f"replacement output {old_outputs[index].name} is absent")
     return Rewrite(rule.id, root, matched, old_outputs, new_outputs,  # type: ignore[arg-type]
                    new_nodes, new_initializers, aliases, used_opsets, name_hints)
+
+
+def _without_dead_nodes(nodes: list[ir.Node], hints: dict[int, str]
+                        ) -> tuple[list[ir.Node], dict[int, str]]:
+    """Drop new nodes whose every output is omitted and unread (an intermediate written
+    again for readers outside the match, when there are none): left in the graph until
+    the final cleanup, they would read values of later matches and block them."""
+    kept_nodes: list[ir.Node] = []
+    kept_hints: dict[int, str] = {}
+    for index, node in enumerate(nodes):
+        if all(v.name == "" and not v.uses() for v in node.outputs):
+            for position in range(len(node.inputs)):
+                node.replace_input_with(position, None)
+            continue
+        if index in hints:
+            kept_hints[len(kept_nodes)] = hints[index]
+        kept_nodes.append(node)
+    return kept_nodes, kept_hints
 
 
 def _targets(spec: NodeSpec, slots: dict[str, list[int]]) -> list[int]:
