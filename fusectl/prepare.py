@@ -16,9 +16,10 @@ from onnx_ir.passes.common import (
     CommonSubexpressionEliminationPass,
     LiftConstantsToInitializersPass,
     RemoveUnusedNodesPass,
-    ShapeInferencePass,
 )
 from onnxscript.optimizer import fold_constants
+
+from .shapes import infer_model_shapes
 
 FOLD_INPUT_LIMIT = 1 << 22
 FOLD_OUTPUT_LIMIT = 1 << 27
@@ -72,7 +73,7 @@ def prepare(model: ir.Model, *, fold: bool = True) -> PrepareResult:
         # Shapes first: Shape/Size of statically shaped values (the runtime shape
         # arithmetic exporters emit, e.g. attention's sqrt(head_dim)) fold only when
         # the folder can see them.
-        ShapeInferencePass()(model)
+        infer_model_shapes(model)
         fold_constants(
             model,
             onnx_shape_inference=True,
@@ -80,6 +81,7 @@ def prepare(model: ir.Model, *, fold: bool = True) -> PrepareResult:
             output_size_limit=FOLD_OUTPUT_LIMIT,
             should_fold=_fold_constant_of_shape,
         )
+        _retype_folded_strings(model.graph)
         RemoveUnusedNodesPass()(model)
         if model.ir_version >= LEGACY_IR_VERSION:
             # Constant nodes become initializers (what every peer does), and identical
@@ -88,8 +90,7 @@ def prepare(model: ir.Model, *, fold: bool = True) -> PrepareResult:
             CommonSubexpressionEliminationPass()(model)
             RemoveUnusedNodesPass()(model)
     folded = before - _count_nodes(model)
-    result = ShapeInferencePass()(model)
-    return PrepareResult(folded, result.modified)
+    return PrepareResult(folded, infer_model_shapes(model))
 
 
 def tidy(model: ir.Model, created: Collection[str] = ()) -> None:
@@ -104,7 +105,7 @@ def tidy(model: ir.Model, created: Collection[str] = ()) -> None:
         RemoveUnusedNodesPass()(model)
     # New nodes were typed one by one, without the values of new shape constants (a
     # Reshape to [-1, K] came out as [?, ?]); the whole model sees them.
-    ShapeInferencePass()(model)
+    infer_model_shapes(model)
 
 
 def _merge_equal_constants(graph: ir.Graph, names: Collection[str]) -> None:
@@ -121,6 +122,17 @@ def _merge_equal_constants(graph: ir.Graph, names: Collection[str]) -> None:
             continue
         value.replace_all_uses_with(first[key])
         del graph.initializers[name]
+
+
+def _retype_folded_strings(graph: ir.Graph) -> None:
+    """onnxscript 0.7's folder stores a folded string constant as a plain ir.Tensor, which
+    onnx-ir cannot serialize (no bit width for STRING); give it a StringTensor."""
+    for value in graph.initializers.values():
+        tensor = value.const_value
+        if tensor is not None and tensor.dtype == ir.DataType.STRING \
+                and not isinstance(tensor, ir.StringTensor):
+            value.const_value = ir.StringTensor(tensor.numpy().reshape(-1),
+                                                shape=tensor.shape, name=tensor.name)
 
 
 def _fold_constant_of_shape(node: ir.Node) -> bool | None:

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 
 import onnx
 import onnx_ir as ir
+from onnx_ir.passes.common import ShapeInferencePass
 
 DATA_LIMIT = 1024
 """Constant inputs up to this many elements are given to inference as data."""
@@ -79,3 +80,19 @@ def _serialize_with_names(node: ir.Node) -> onnx.NodeProto:
     finally:
         for value in renamed:
             value.name = None
+
+
+def infer_model_shapes(model: ir.Model) -> bool:
+    """onnx-ir's ShapeInferencePass over the whole model; True when it changed something.
+
+    When onnx's inference fails (onnx-ir 1.1 cannot serialize a string initializer the
+    constant folder made), the pass says "model left unchanged" but may already have
+    listed initializers as graph inputs; the signature is put back as it was.
+    """
+    graph = model.graph
+    inputs = list(graph.inputs)
+    result = ShapeInferencePass()(model)
+    if list(graph.inputs) != inputs:
+        graph.inputs.clear()
+        graph.inputs.extend(inputs)
+    return result.modified

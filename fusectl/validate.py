@@ -865,8 +865,9 @@ def compare_outputs(
 ) -> list[OutputComparison]:
     """Compare outputs matched by name; one OutputComparison per name in either mapping.
 
-    An element passes if ``|c - r| <= atol + rtol * max(|r|, RMS(r))`` (floats); NaN/Inf positions must agree, except that an infinity may face
-    a finite value at the type's saturation point. A name in ``nondeterministic`` passes (with
+    An element passes if ``|c - r| <= atol + rtol * max(|r|, RMS(r))`` (floats); NaN/Inf
+    positions must agree, except that an infinity may face a finite value at the type's
+    saturation point. A name in ``nondeterministic`` passes (with
     a note) unless its dtype changed. ``compute_dtype`` (a half type the reference computes
     in) sets the tolerances of wider float outputs; in a ``range_sample``, elements where the
     reference is not finite are not compared.

@@ -61,3 +61,19 @@ def test_folded_weights_keep_the_model_dtype(tmp_path) -> None:
     assert result.rewrite.counts() == {"conv-bn-fold": 1}
     dtypes = {v.const_value.dtype for v in result.model.graph.initializers.values()}
     assert dtypes == {ir.DataType.FLOAT16}
+
+
+def test_folded_string_constant_keeps_the_signature_and_validates(tmp_path):
+    """onnxscript's folder makes a string initializer onnx-ir cannot serialize and onnx-ir's
+    shape inference then listed it as a graph input (exit 3: signature changed)."""
+    import onnx.parser
+
+    from fusectl.api import optimize
+
+    proto = onnx.parser.parse_model('''<ir_version: 8, opset_import: ["" : 17]>
+g (float[2] x) => (float[2] y, string[2] s)
+<string[2] s0 = {"a", "b"}> { y = Relu(x)  s = Identity(s0) }''')
+    result = optimize(ir.serde.deserialize_model(proto), rules=[])
+    assert result.passed, result.validation
+    assert [v.name for v in result.model.graph.inputs] == ["x"]
+    assert [v.name for v in result.model.graph.outputs] == ["y", "s"]
