@@ -312,7 +312,7 @@ def _attr_signature(node: ir.Node) -> tuple[Any, ...]:
     items = []
     for name, attr in sorted(node.attributes.items()):
         value = attr.value
-        if isinstance(value, ir.TensorProtocol):
+        if attr.type == ir.AttributeType.TENSOR:  # not isinstance: protocol checks are slow
             value = _hashable(value.numpy())
         elif isinstance(value, (list, tuple)):
             value = tuple(value)

@@ -33,11 +33,11 @@ from typing import Any
 
 import numpy as np
 import onnx_ir as ir
-from onnx_ir.passes.common import ShapeInferencePass
 
 from . import __version__, modelio, traffic
 from .errors import BadInputError
 from .ruletest import op_histogram
+from .shapes import infer_model_shapes
 from .validate import ValidationOptions, ValidationResult, validate
 from .validate import to_dict as validation_to_dict
 
@@ -433,7 +433,7 @@ def _load(model: str | Path | ir.Model) -> tuple[ir.Model, str]:
 def _measure(model: ir.Model, dims: Mapping[str, int]) -> traffic.TrafficReport:
     """Traffic of a model after onnx shape inference (which only annotates values in
     memory: nodes and initializers, what the diff compares, stay as they are)."""
-    ShapeInferencePass()(model)
+    infer_model_shapes(model)
     return traffic.measure(model, dims=dims)
 
 

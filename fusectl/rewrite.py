@@ -156,8 +156,16 @@ def apply_rules(
     for pass_number in range(1, max_passes + 1):
         passes = pass_number
         fired = 0
+        graphs = list(_graphs(model))  # no rule creates or removes control flow
+        # Ops present per graph (only grows): a rule none of whose root ops is present is
+        # not run over the graph at all, so cost is not rules x nodes.
+        present = {id(g): {(n.domain, n.op_type) for n in g} for g in graphs}
         for rule in active:
-            for graph in list(_graphs(model)):
+            roots = rule.variants_by_root
+            for graph in graphs:
+                ops = present[id(graph)]
+                if ops.isdisjoint(roots):
+                    continue
                 if rule.rule.group is not None:
                     def reject(node: ir.Node, reason: str, rule: CompiledRule = rule) -> None:
                         _reject(rejections, rule.id, node, reason)
@@ -171,12 +179,13 @@ def apply_rules(
                         applications.append(
                             _apply(model, graph, rewrite, names, pass_number, dims)
                         )
+                        ops.update((n.domain, n.op_type) for n in rewrite.new_nodes)
                         fired += 1
                     continue
-                cap = sum(1 for _ in graph) + 1
+                cap = len(graph) + 1
                 count = 0
                 for node in graph:
-                    if node.graph is not graph:
+                    if (node.domain, node.op_type) not in roots or node.graph is not graph:
                         continue
                     if count >= cap:
                         capped.add(rule.id)
@@ -193,6 +202,7 @@ def apply_rules(
                     applications.append(
                         _apply(model, graph, rewrite, names, pass_number, dims)
                     )
+                    ops.update((n.domain, n.op_type) for n in rewrite.new_nodes)
                     count += 1
                     fired += 1
         if not fired:

@@ -61,9 +61,10 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 import onnxruntime as ort
-from onnx_ir.passes.common import ShapeInferencePass
 
 from fusectl.errors import BadInputError
+
+from .shapes import infer_model_shapes
 
 __all__ = [
     "HISTOGRAM_LABELS",
@@ -1206,7 +1207,7 @@ def _range_sample_feeds(
     """
     probe = reference.clone()
     with contextlib.suppress(Exception):  # best effort: untyped values are not exposed
-        ShapeInferencePass()(probe)
+        infer_model_shapes(probe)
     present = {v.name for v in probe.graph.outputs}
     for node in probe.graph:
         for value in node.outputs:
@@ -1325,7 +1326,7 @@ def check_intermediates(
         produced = _produced_values(model_ir.graph)
         if any(produced[n].type is None for n in values if n in produced):
             with contextlib.suppress(Exception):  # best effort: untyped values are skipped
-                ShapeInferencePass()(model_ir)
+                infer_model_shapes(model_ir)
     reference_values = _produced_values(reference_ir.graph)
     candidate_values = _produced_values(candidate_ir.graph)
     exposed = []
