@@ -1245,6 +1245,10 @@ def _check(node: ast.AST, known: set[str] | None, names: set[str], depth: int) -
         node.value, (int, float, str, bool, type(None))
     ):
         raise ExprError(f"literal {node.value!r} is not allowed")
+    elif (isinstance(node, ast.Constant) and type(node.value) is int
+          and node.value.bit_length() > MAX_INT_BITS):
+        raise ExprError(f"integer literal of {node.value.bit_length()} bits is too large "
+                        f"(at most {MAX_INT_BITS})")
     for child in ast.iter_child_nodes(node):
         _check(child, known, names, depth + 1)
 

@@ -15,6 +15,7 @@ import copy
 import math
 import os
 import re
+import shutil
 import stat
 import tempfile
 from collections import Counter
@@ -30,10 +31,12 @@ import onnx_ir as ir
 from fusectl.errors import BadInputError, InternalError
 
 __all__ = [
+    "BACKUP_SUFFIX",
     "EXTERNAL_DATA_AUTO_BYTES",
     "EXTERNAL_TENSOR_MIN_BYTES",
     "Signature",
     "ValueSignature",
+    "backup_model",
     "load_model",
     "model_summary",
     "restore_signature",
@@ -66,6 +69,15 @@ def _one_line(text: object, limit: int = 300) -> str:
     """Collapse an arbitrary exception text to one short line (the CLI prints one line)."""
     line = " ".join(str(text).split())
     return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def _root_cause(exc: BaseException) -> BaseException:
+    """The innermost exception of a ``raise ... from`` chain: the one naming the problem."""
+    seen = {id(exc)}
+    while exc.__cause__ is not None and id(exc.__cause__) not in seen:
+        exc = exc.__cause__
+        seen.add(id(exc))
+    return exc
 
 
 def _bad(path: str | os.PathLike[str], message: str) -> BadInputError:
@@ -358,6 +370,66 @@ def _check_external_data(path: Path, proto: onnx.ModelProto, base_dir: str) -> s
     return {real for real, _ in resolved.values()}
 
 
+@contextlib.contextmanager
+def _checker_view(proto: onnx.ModelProto) -> Iterator[None]:
+    """Temporarily hide two things onnx's checker gets wrong for us, then restore them.
+
+    * External tensors: given a proto, the checker resolves their files against the current
+      directory. Their locations were already checked by ``_check_external_data``, so each
+      is shown as an empty inline tensor; the data files are never opened here.
+    * Main-graph inputs/outputs without a ``shape`` field (rank unknown): valid for
+      onnxruntime, rejected by the checker; they get an empty shape field for the check.
+    """
+    stashed: list[tuple[onnx.TensorProto, list[int], list[onnx.StringStringEntryProto]]] = []
+    shaped: list[onnx.TypeProto.Tensor] = []
+    try:
+        for t in _proto_all_tensors(proto):
+            if t.data_location == onnx.TensorProto.EXTERNAL:
+                entries = [onnx.StringStringEntryProto(key=e.key, value=e.value)
+                           for e in t.external_data]
+                stashed.append((t, list(t.dims), entries))
+                del t.dims[:]
+                t.dims.append(0)
+                del t.external_data[:]
+                t.data_location = onnx.TensorProto.DEFAULT
+                t.raw_data = b""
+        for vi in (*proto.graph.input, *proto.graph.output):
+            if vi.type.HasField("tensor_type") and not vi.type.tensor_type.HasField("shape"):
+                vi.type.tensor_type.shape.SetInParent()
+                shaped.append(vi.type.tensor_type)
+        yield
+    finally:
+        for tensor_type in shaped:
+            tensor_type.ClearField("shape")
+        for t, dims, entries in stashed:
+            t.ClearField("raw_data")
+            del t.dims[:]
+            t.dims.extend(dims)
+            t.external_data.extend(entries)
+            t.data_location = onnx.TensorProto.EXTERNAL
+
+
+def _run_checker(path: Path, proto: onnx.ModelProto, external: bool) -> None:
+    """onnx's checker (structure, node schemas, opsets, tensor sizes): a model it rejects
+    would be rejected by runtimes too, so it is bad input, never something to optimize."""
+    newest = onnx.defs.onnx_opset_version()
+    for opset in proto.opset_import:
+        if opset.domain in ("", "ai.onnx") and opset.version > newest:
+            raise _bad(path, f"imports ai.onnx opset {opset.version}, but the installed onnx "
+                             f"knows opsets up to {newest}; upgrade onnx")
+    shapeless = any(vi.type.HasField("tensor_type") and not vi.type.tensor_type.HasField("shape")
+                    for vi in (*proto.graph.input, *proto.graph.output))
+    try:
+        if external or shapeless:
+            with _checker_view(proto):  # an external-data proto is small: serializing is cheap
+                onnx.checker.check_model(proto)
+        else:
+            # From the file: C++ holds the only extra copy (serializing ``proto`` makes two).
+            onnx.checker.check_model(os.fspath(path))
+    except (onnx.checker.ValidationError, ValueError) as e:
+        raise _bad(path, f"not a valid ONNX model (onnx checker: {_one_line(e)})") from None
+
+
 def _set_base_dir(model: ir.Model, base_dir: str) -> None:
     """Point every external tensor (initializers, Constant attrs, functions) at ``base_dir``."""
     for value in _initializer_values(model):
@@ -374,8 +446,8 @@ def load_model(path: str | Path) -> ir.Model:
 
     The file is parsed once with external data *not* loaded, every external-data location is
     checked (inside the model's folder, symlinks resolved, file present and long enough)
-    before any of it is opened, and the same proto is then handed to onnx-ir. Any problem is
-    raised as ``BadInputError("<path>: ...")``.
+    before any of it is opened, onnx's checker vets the structure, and the same proto is then
+    handed to onnx-ir. Any problem is raised as ``BadInputError("<path>: ...")``.
     """
     p = Path(path)
     data = _read_model_bytes(p)
@@ -383,10 +455,12 @@ def load_model(path: str | Path) -> ir.Model:
     del data
     base_dir = os.path.dirname(os.path.abspath(p))
     data_files = _check_external_data(p, proto, base_dir)
+    _run_checker(p, proto, external=bool(data_files))
     try:
         model = ir.serde.deserialize_model(proto)
     except Exception as e:  # malformed graphs surface here; the user needs one line
-        raise _bad(p, f"not a valid ONNX model ({type(e).__name__}: {_one_line(e)})") from None
+        cause = _root_cause(e)  # onnx-ir wraps the real reason in "Error calling ..." layers
+        raise _bad(p, f"not a valid ONNX model ({_one_line(cause)})") from None
     _set_base_dir(model, base_dir)
     model.meta[_META_HAD_EXTERNAL] = bool(data_files)
     model.meta[_META_SOURCE_DATA_FILES] = frozenset(data_files)
@@ -657,6 +731,37 @@ def save_model(
     except OSError as e:
         where = os.fspath(e.filename) if e.filename else shown
         raise _bad(shown, f"saving failed ({where}: {e.strerror or e})") from None
+
+
+BACKUP_SUFFIX = ".bak"
+
+
+def backup_model(path: str | Path, model: ir.Model) -> list[Path]:
+    """Before an in-place rewrite: copy ``path`` and the external data files ``model`` reads
+    to ``<file>.bak`` beside them; return the copies.
+
+    Each copy is written to a temp file and renamed, so a backup is either complete or
+    absent; an existing ``.bak`` is replaced. Copies (not hard links): the save that follows
+    reads the old data file while writing the new one, and onnx-ir refuses hard-linked data.
+    """
+    sources = [Path(os.path.abspath(path))]
+    sources += sorted(Path(f) for f in model.meta.get(_META_SOURCE_DATA_FILES, ()))
+    written: list[Path] = []
+    for source in sources:
+        backup = source.with_name(source.name + BACKUP_SUFFIX)
+        tmp = _make_temp(backup)
+        try:
+            shutil.copyfile(source, tmp)
+            shutil.copymode(source, tmp)
+            _fsync_path(tmp)
+            os.replace(tmp, backup)
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise _bad(path, f"cannot write the backup {backup}: {e.strerror or e}") from None
+        written.append(backup)
+    _fsync_dir(sources[0].parent)
+    return written
 
 
 # --------------------------------------------------------------------------- signature

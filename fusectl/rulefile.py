@@ -209,12 +209,20 @@ def _compose(text: str, problems: _Problems) -> _Node | None:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = mark.line + 1 if mark else 1
-        problems.add(line, f"invalid YAML: {getattr(exc, 'problem', None) or exc}")
+        reason = str(getattr(exc, "problem", None) or exc).splitlines()[0]
+        problems.add(line, f"invalid YAML: {reason}")
+        return None
+    except RecursionError:  # PyYAML composes recursively: [[[[...]]]] exhausts the stack
+        problems.add(1, "YAML nested too deeply")
         return None
     if root is None:
         problems.add(1, "empty rule file")
         return None
-    return _convert(root, problems, set())
+    try:
+        return _convert(root, problems, set())
+    except RecursionError:
+        problems.add(1, "YAML nested too deeply")
+        return None
 
 
 def _convert(node: yaml.Node, problems: _Problems, seen: set[int]) -> _Node:

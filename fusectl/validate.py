@@ -525,6 +525,10 @@ def _check_provided(value: ir.Value, arr: Any, dims: Mapping[str, int]) -> np.nd
     return arr
 
 
+MAX_GENERATED_ELEMENTS = 1 << 31
+"""A generated input larger than this (8 GiB of float32) is refused, not attempted."""
+
+
 def _generate(
     value: ir.Value,
     dtype: ir.DataType,
@@ -534,9 +538,28 @@ def _generate(
     float_range: tuple[float, float],
 ) -> np.ndarray:
     name = value.name or ""
-    np_dtype = dtype.numpy()
     if dtype == ir.DataType.UNDEFINED:
         raise BadInputError(f"cannot generate input {name!r}: its element type is undefined")
+    elements = math.prod(shape)
+    if elements > MAX_GENERATED_ELEMENTS:
+        raise BadInputError(
+            f"cannot generate input {name!r} of shape {list(shape)} ({elements:,} elements, "
+            f"more than {MAX_GENERATED_ELEMENTS:,}); give it with --input or bind smaller dims "
+            "with --dim"
+        )
+    return np.asarray(_generated(value, dtype, shape, rng, value_range, float_range))
+
+
+def _generated(
+    value: ir.Value,
+    dtype: ir.DataType,
+    shape: tuple[int, ...],
+    rng: np.random.Generator,
+    value_range: tuple[float, float] | None,
+    float_range: tuple[float, float],
+) -> np.ndarray | np.generic:
+    name = value.name or ""
+    np_dtype = dtype.numpy()
     if value_range is not None:
         lo, hi = float(value_range[0]), float(value_range[1])
         if dtype.is_floating_point() or _is_complex(dtype):

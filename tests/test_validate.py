@@ -815,3 +815,13 @@ def test_progress_display_follows_the_runs():
     with validation_progress(console, enabled=True) as say:
         v.validate(add_const("1, 2, 3"), add_const("1, 2, 3"), progress=say)
     assert "candidate run" in out.getvalue() or "comparing outputs" in out.getvalue()
+
+
+def test_scalar_bool_input_is_a_0d_array():
+    """An If condition is a rank-0 bool input; numpy's comparison gives a numpy.bool scalar,
+    which onnxruntime refuses: the generator returns a 0-d array."""
+    proto = onnx.parser.parse_model("""<ir_version: 8, opset_import: ["" : 17]>
+g (bool c, float[2] x) => (float[2] y) { y = Where(c, x, x) }""")
+    feeds = v.generate_inputs(ir.serde.deserialize_model(proto))
+    assert isinstance(feeds["c"], np.ndarray) and feeds["c"].shape == ()
+    assert feeds["c"].dtype == np.bool_
