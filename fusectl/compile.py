@@ -157,6 +157,11 @@ class CompiledRule:
         producer_of: dict[str, ir.Node] = {}
         for spec in variant.specs:
             node = match.node_bindings[variant.node_of_spec[spec.index]]
+            if len(spec.outputs) > 1 and len(node.outputs) != len(spec.outputs):
+                # onnxscript matches outputs by position only: a three-way Split must not
+                # match a two-output pattern (its third output would be left behind).
+                raise NoRewrite(f"{node.op_type} has {len(node.outputs)} outputs, the rule "
+                                f"names {len(spec.outputs)}")
             for out in spec.outputs:
                 producer_of[out] = node
             version = opsets.get(node.domain, 1)

@@ -946,6 +946,30 @@ def _fn_slice_range(value: Any, starts: Any, ends: Any, axes: Any = None,
     return [axis, first, last]
 
 
+_PASS_THROUGH = frozenset({"Squeeze", "Unsqueeze", "Mul", "Div", "Add", "Sub", "Neg", "Relu",
+                           "Sigmoid", "Tanh", "Exp", "Erf", "Cast", "Identity"})
+
+
+def _fn_transpose_ahead(*values: Any) -> bool:
+    """Whether a Transpose reads one of ``values`` within three hops of elementwise ops and
+    Squeezes: pushing a Transpose below a Split multiplies it by the parts, which pays
+    only when one of them meets another Transpose and composes with it."""
+    frontier = [v for v in values if isinstance(v, ir.Value)]
+    for _ in range(3):
+        following = []
+        for value in frontier:
+            for use in value.uses():
+                node = use.node
+                if node.domain not in ("", "ai.onnx"):
+                    continue
+                if node.op_type == "Transpose":
+                    return True
+                if node.op_type in _PASS_THROUGH:
+                    following.extend(node.outputs)
+        frontier = following
+    return False
+
+
 def _fn_tiling_sizes(ranges: Any, value: Any) -> np.ndarray:
     """The Split sizes of slices ``[axis, begin, end]`` (in member order) that cover one
     axis of ``value`` exactly, end to end, without gaps or overlaps."""
@@ -1093,6 +1117,7 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     "slice_is_full": _fn_slice_is_full,
     "slice_range": _fn_slice_range,
     "tiling_sizes": _fn_tiling_sizes,
+    "transpose_ahead": _fn_transpose_ahead,
     "fits_dtype": _fn_fits_dtype,
     "num_outputs": _fn_num_outputs,
     "broadcasts_into": _fn_broadcasts_into,

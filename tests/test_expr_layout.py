@@ -23,6 +23,7 @@ LAYOUT_FUNCTIONS = [
     "norm_axes", "permute_axes", "reduced_perm", "fill_reshape_zeros", "moves_unit_dims_only",
     "transposed_shape", "is_noop_reshape", "squeezed_axes", "merge_unsqueeze_axes",
     "merge_squeeze_axes", "itemsize", "lift_rank", "slice_range", "tiling_sizes", "num_uses",
+    "transpose_ahead",
 ]
 
 
@@ -264,3 +265,24 @@ def test_num_uses_counts_readers_and_graph_outputs() -> None:
     assert fn("num_uses")(values["z"]) == 1  # a graph output
     with pytest.raises(NoMatch):
         fn("num_uses")(np.ones(2))
+
+
+def test_transpose_ahead_looks_three_hops_through_elementwise_ops() -> None:
+    x = _dynamic("x", [2, 4])
+    squeeze = ir.Node("", "Squeeze", [x], outputs=[ir.Value(name="s")])
+    scale = ir.Node("", "Mul", [squeeze.outputs[0], squeeze.outputs[0]],
+                    outputs=[ir.Value(name="m")])
+    ahead = ir.Node("", "Transpose", [scale.outputs[0]], outputs=[ir.Value(name="t")])
+    assert fn("transpose_ahead")(x)
+    reshape = ir.Node("", "Reshape", [ahead.inputs[0]], outputs=[ir.Value(name="r")])
+    ir.Node("", "Transpose", [reshape.outputs[0]], outputs=[ir.Value(name="t2")])
+    y = _dynamic("y", [2, 4])
+    ir.Node("", "Reshape", [y], outputs=[ir.Value(name="r2")])
+    assert not fn("transpose_ahead")(y)  # a Reshape is not looked through
+    z = _dynamic("z", [2, 4])
+    chain = z
+    for _ in range(3):
+        chain = ir.Node("", "Relu", [chain], outputs=[ir.Value()]).outputs[0]
+    ir.Node("", "Transpose", [chain], outputs=[ir.Value()])
+    assert not fn("transpose_ahead")(z)  # four hops away
+    assert fn("transpose_ahead")(y, x)
