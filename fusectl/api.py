@@ -223,7 +223,8 @@ def optimize(
     say("applying rules")
 
     def finish(model: ir.Model, rewritten: RewriteResult) -> None:
-        tidy(model, [name for app in rewritten.applications for name in app.initializers])
+        if rewritten.applications:
+            tidy(model, [name for app in rewritten.applications for name in app.initializers])
         modelio.restore_signature(model, signature, keep_opsets=opset is not None)
         if any(f.overload for f in model.functions.values()):
             model.ir_version = max(model.ir_version, OVERLOAD_IR_VERSION)

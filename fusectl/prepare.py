@@ -69,14 +69,16 @@ def prepare(model: ir.Model, *, fold: bool = True) -> PrepareResult:
     Call ``detach_legacy_initializer_inputs`` first (before taking the signature).
     """
     before = _count_nodes(model)
+    shapes_inferred = infer_model_shapes(model)
     if fold:
-        # Shapes first: Shape/Size of statically shaped values (the runtime shape
-        # arithmetic exporters emit, e.g. attention's sqrt(head_dim)) fold only when
-        # the folder can see them.
-        infer_model_shapes(model)
-        fold_constants(
+        # Shapes first (with onnx's data propagation): Shape/Size of statically shaped
+        # values (the runtime shape arithmetic exporters emit, e.g. attention's
+        # sqrt(head_dim)) fold only when the folder can see them. The folder's own
+        # node-by-node inference is off: it costs ten times the folding itself, and one
+        # whole-model inference afterwards types what folding created.
+        folded = fold_constants(
             model,
-            onnx_shape_inference=True,
+            onnx_shape_inference=False,
             input_size_limit=FOLD_INPUT_LIMIT,
             output_size_limit=FOLD_OUTPUT_LIMIT,
             should_fold=_fold_constant_of_shape,
@@ -89,8 +91,9 @@ def prepare(model: ir.Model, *, fold: bool = True) -> PrepareResult:
             LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0)(model)
             CommonSubexpressionEliminationPass()(model)
             RemoveUnusedNodesPass()(model)
-    folded = before - _count_nodes(model)
-    return PrepareResult(folded, infer_model_shapes(model))
+        if folded.modified:
+            shapes_inferred = infer_model_shapes(model) or shapes_inferred
+    return PrepareResult(before - _count_nodes(model), shapes_inferred)
 
 
 def tidy(model: ir.Model, created: Collection[str] = ()) -> None:
@@ -103,9 +106,20 @@ def tidy(model: ir.Model, created: Collection[str] = ()) -> None:
         _merge_equal_constants(model.graph, created)
         CommonSubexpressionEliminationPass()(model)
         RemoveUnusedNodesPass()(model)
-    # New nodes were typed one by one, without the values of new shape constants (a
-    # Reshape to [-1, K] came out as [?, ?]); the whole model sees them.
-    infer_model_shapes(model)
+    # New nodes were typed one by one; where that left a dtype or a dimension unknown
+    # (a shape computed at run time), the whole model sees more.
+    if _has_unknown_shapes(model.graph):
+        infer_model_shapes(model)
+
+
+def _has_unknown_shapes(graph: ir.Graph) -> bool:
+    for node in graph:
+        for value in node.outputs:
+            if value.type is None or value.shape is None:
+                return True
+            if any(not isinstance(d, int) and d.value is None for d in value.shape.dims):
+                return True
+    return False
 
 
 def _merge_equal_constants(graph: ir.Graph, names: Collection[str]) -> None:

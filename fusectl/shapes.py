@@ -1,6 +1,6 @@
 """Shapes for the values rules create, so later rules and the traffic model see them.
 
-Whole-model inference runs once before rewriting (onnx-ir's ShapeInferencePass);
+Whole-model inference runs before rewriting (onnx's inference with data propagation);
 after that only new nodes need shapes, and onnx infers one node at a time.
 """
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import onnx
 import onnx_ir as ir
-from onnx_ir.passes.common import ShapeInferencePass, _c_api_utils
+from onnx_ir.passes.common import _c_api_utils
 
 DATA_LIMIT = 1024
 """Constant inputs up to this many elements are given to inference as data."""
@@ -56,15 +56,7 @@ def infer_node(node: ir.Node, opsets: Mapping[str, int]) -> bool:
         if value.type is None:
             value.type = ir.TensorType(ir.DataType(proto.tensor_type.elem_type))
         if value.shape is None and proto.tensor_type.HasField("shape"):
-            dims = []
-            for dim in proto.tensor_type.shape.dim:
-                if dim.HasField("dim_value"):
-                    dims.append(dim.dim_value)
-                elif dim.HasField("dim_param"):
-                    dims.append(dim.dim_param)
-                else:
-                    dims.append(None)
-            value.shape = ir.Shape(dims)
+            value.shape = ir.Shape(_dims(proto.tensor_type.shape))
     return True
 
 
@@ -84,26 +76,105 @@ def _serialize_with_names(node: ir.Node) -> onnx.NodeProto:
 
 
 def infer_model_shapes(model: ir.Model) -> bool:
-    """onnx-ir's ShapeInferencePass over the whole model; True when it changed something.
+    """onnx's shape inference (with data propagation) over the whole model; True when it
+    changed a type or shape. If onnx's inference fails, the model is left unchanged.
 
-    onnx-ir 1.1 lists every initializer as a graph input around the onnx call with a
-    membership test on the growing input list: quadratic, 577 s of a 100k-node graph's
-    743 s. The pass runs with a linear copy of that helper. When onnx's inference fails,
-    the pass says "model left unchanged" but may already have listed initializers as
-    graph inputs; the signature is put back as it was.
+    Why not onnx-ir's ShapeInferencePass: in onnx-ir 1.1 it lists every initializer as a
+    graph input with a membership test on the growing input list (quadratic: 577 s of a
+    100k-node graph's 743 s), and it deserializes the whole inferred model again only to
+    copy shapes back (two thirds of its remaining time). Here the initializers are listed
+    with a set and the inferred types are read straight from the proto's value_info.
     """
     graph = model.graph
     inputs = list(graph.inputs)
-    original = _c_api_utils.call_onnx_api
-    _c_api_utils.call_onnx_api = _call_onnx_api_linear
     try:
-        result = ShapeInferencePass()(model)
+        inferred = _call_onnx_api_linear(_infer_shapes, model)
+    except Exception:  # noqa: BLE001 - inference is an optimisation, never fatal
+        return False
     finally:
-        _c_api_utils.call_onnx_api = original
-    if list(graph.inputs) != inputs:
-        graph.inputs.clear()
-        graph.inputs.extend(inputs)
-    return result.modified
+        if list(graph.inputs) != inputs:
+            graph.inputs.clear()
+            graph.inputs.extend(inputs)
+    return _merge_inferred(graph, inferred.graph)
+
+
+def _infer_shapes(proto: onnx.ModelProto) -> onnx.ModelProto:
+    return onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True,
+                                             data_prop=True)
+
+
+def _merge_inferred(graph: ir.Graph, proto: onnx.GraphProto) -> bool:
+    """Copy inferred types and shapes onto the values of ``graph`` (and its subgraphs, which
+    the proto lists in the same node order); True when something changed."""
+    types = {info.name: info.type for part in (proto.input, proto.value_info, proto.output)
+             for info in part}
+    modified = False
+    values = [*graph.inputs, *graph.initializers.values(),
+              *(out for node in graph for out in node.outputs)]
+    for value in values:
+        inferred = types.get(value.name) if value.name else None
+        if inferred is not None:
+            modified |= _set_type(value, inferred)
+    for node, node_proto in zip(graph, proto.node, strict=False):
+        for attr in node.attributes.values():
+            if attr.is_ref() or attr.type not in (ir.AttributeType.GRAPH,
+                                                  ir.AttributeType.GRAPHS):
+                continue
+            attr_proto = next((a for a in node_proto.attribute if a.name == attr.name), None)
+            if attr_proto is None:
+                continue
+            if attr.type == ir.AttributeType.GRAPH:
+                modified |= _merge_inferred(attr.value, attr_proto.g)
+            else:
+                for sub, sub_proto in zip(attr.value, attr_proto.graphs, strict=False):
+                    modified |= _merge_inferred(sub, sub_proto)
+    return modified
+
+
+def _set_type(value: ir.Value, inferred: onnx.TypeProto) -> bool:
+    """Take the inferred dtype and shape when they differ from the value's (onnx's inference
+    starts from the value's own, so the inferred one is at least as precise)."""
+    if not inferred.HasField("tensor_type"):  # sequences, optionals: rare, the slow path
+        if inferred.WhichOneof("value") is None:
+            return False
+        new_type = ir.serde.deserialize_type_proto_for_type(inferred)
+        new_shape = ir.serde.deserialize_type_proto_for_shape(inferred)
+        modified = False
+        if new_type is not None and value.type != new_type:
+            value.type = new_type
+            modified = True
+        if new_shape is not None and value.shape != new_shape:
+            value.shape = new_shape
+            modified = True
+        return modified
+    tensor = inferred.tensor_type
+    modified = False
+    if tensor.elem_type and (value.type is None or value.dtype != tensor.elem_type):
+        value.dtype = ir.DataType(tensor.elem_type)
+        modified = True
+    if tensor.HasField("shape"):
+        dims = tuple(_dims(tensor.shape))
+        current = value.shape
+        if current is None or tuple(_plain_dim(d) for d in current.dims) != dims:
+            value.shape = ir.Shape(dims)
+            modified = True
+    return modified
+
+
+def _dims(shape: onnx.TensorShapeProto) -> list[int | str | None]:
+    dims: list[int | str | None] = []
+    for dim in shape.dim:
+        if dim.HasField("dim_value"):
+            dims.append(dim.dim_value)
+        elif dim.HasField("dim_param"):
+            dims.append(dim.dim_param)
+        else:
+            dims.append(None)
+    return dims
+
+
+def _plain_dim(dim: int | ir.SymbolicDim) -> int | str | None:
+    return dim if isinstance(dim, int) else dim.value
 
 
 def _call_onnx_api_linear(func: Callable[[onnx.ModelProto], Any], model: ir.Model) -> Any:
@@ -115,9 +186,11 @@ def _call_onnx_api_linear(func: Callable[[onnx.ModelProto], Any], model: ir.Mode
     listed = {id(v) for v in graph.inputs}
     for value in initializers:
         if value.const_value is not None:
-            if value.shape is None:
-                value.shape = value.const_value.shape  # type: ignore[assignment]
-            if value.dtype is None:
+            # The tensor is the truth: a folded value may still carry the symbolic shape
+            # inferred before it was folded.
+            if value.shape is None or value.shape != value.const_value.shape:
+                value.shape = ir.Shape(value.const_value.shape.dims)
+            if value.dtype != value.const_value.dtype:
                 value.dtype = value.const_value.dtype
         if id(value) not in listed:
             graph.inputs.append(value)
