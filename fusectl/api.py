@@ -21,6 +21,7 @@ from .bisect import DEFAULT_BUDGET
 from .bisect import bisect as find_guilty
 from .compile import OVERLOAD_IR_VERSION, CompiledRule, compile_rules
 from .errors import BadInputError
+from .gcpolicy import fewer_collections
 from .prepare import (
     PrepareResult,
     detach_legacy_initializer_inputs,
@@ -29,7 +30,7 @@ from .prepare import (
     tidy,
 )
 from .rewrite import Application, RewriteResult, apply_rules
-from .rulefile import TARGETS, Rule, builtin_rule_paths, load_rules
+from .rulefile import TARGETS, Rule, builtin_rule_paths, load_rules, rule_files
 from .ruletest import op_histogram
 from .targets import Target, resolve_target
 from .validate import (
@@ -137,6 +138,7 @@ def select_rules(
     return chosen
 
 
+@fewer_collections()
 def load_rule_set(
     paths: Iterable[str | Path] = (),
     *,
@@ -147,7 +149,8 @@ def load_rule_set(
 ) -> list[CompiledRule]:
     """Built-in rules (unless disabled), user rule files/folders, then the target file's
     rules (they run last, on what the standard fusions left), selected and compiled."""
-    all_paths: list[str | Path] = [*builtin_rule_paths()] if builtin else []
+    builtin_paths = builtin_rule_paths() if builtin else []
+    all_paths: list[str | Path] = list(builtin_paths)
     for path in paths:
         if not Path(path).exists():
             raise BadInputError(f"{path}: rule path not found")
@@ -157,9 +160,13 @@ def load_rule_set(
     clash = {r.id for r in rules} & {r.id for r in extra}
     if clash:
         raise BadInputError(f"target file redefines rule(s) {', '.join(sorted(clash))}")
-    return compile_rules(select_rules([*rules, *extra], include, exclude))
+    selected = select_rules([*rules, *extra], include, exclude)
+    # The built-in library is tested rule by rule: its patterns are built on first use.
+    builtin_files = {str(f) for folder in builtin_paths for f in rule_files(folder)}
+    return compile_rules(selected, lazy=[r for r in selected if r.file in builtin_files])
 
 
+@fewer_collections()
 def optimize(
     model: str | Path | ir.Model,
     *,

@@ -19,6 +19,7 @@ from rich.text import Text
 
 from . import __version__
 from .errors import BadInputError, CheckFailedError, FusectlError, RuleFileError
+from .gcpolicy import fewer_collections
 
 _stdout = Console(highlight=False)
 _stderr = Console(stderr=True, highlight=False)
@@ -491,8 +492,9 @@ def rules_test(paths: tuple[Path, ...], include: tuple[str, ...], seed: int,
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: run click, map every error to its exit code and one clear message."""
     try:
-        cli.main(args=list(argv) if argv is not None else None, prog_name="fusectl",
-                 standalone_mode=False)
+        with fewer_collections():
+            cli.main(args=list(argv) if argv is not None else None, prog_name="fusectl",
+                     standalone_mode=False)
     except click.exceptions.Exit as exc:
         return int(exc.exit_code or 0)
     except click.exceptions.Abort:

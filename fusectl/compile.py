@@ -79,18 +79,39 @@ class _Variant:
 class CompiledRule:
     """A rule ready to match: pattern variants plus our checks and replacement."""
 
-    def __init__(self, rule: Rule) -> None:
+    def __init__(self, rule: Rule, *, lazy: bool = False) -> None:
+        """``lazy`` builds the pattern variants on first use: a run over a CNN needs the
+        conv rules, not the attention ones (the built-in library is tested, so nothing is
+        left to report at load time)."""
         self.rule = rule
-        self.variants = _build_variants(rule)
-        # Names were checked when the rule file was loaded; parse each expression once here.
-        self.attr_expressions = {
-            (spec.index, attr.name): expr.parse(attr.text, None)
-            for spec in rule.replace for attr in spec.attrs
-        }
-        self.variants_by_root: dict[tuple[str, str], list[_Variant]] = {}
+        self.root_ops: frozenset[tuple[str, str]] = _root_ops(rule)
+        """(domain, op_type) of the nodes a match can be rooted at: the op producing the
+        rule's outputs. The rewrite loop skips a rule whose root ops a graph lacks."""
+        self._variants: list[_Variant] | None = None
+        if not lazy:
+            _ = self.variants_by_root
+
+    @property
+    def variants(self) -> list[_Variant]:
+        if self._variants is None:
+            self._variants = _build_variants(self.rule)
+        return self._variants
+
+    @functools.cached_property
+    def variants_by_root(self) -> dict[tuple[str, str], list[_Variant]]:
+        by_root: dict[tuple[str, str], list[_Variant]] = {}
         for variant in self.variants:
             root = (variant.root_op.domain, variant.root_op.op_type)
-            self.variants_by_root.setdefault(root, []).append(variant)
+            by_root.setdefault(root, []).append(variant)
+        return by_root
+
+    @functools.cached_property
+    def attr_expressions(self) -> dict[tuple[int, str], expr.Expression]:
+        # Names were checked when the rule file was loaded; parse each expression once.
+        return {
+            (spec.index, attr.name): expr.parse(attr.text, None)
+            for spec in self.rule.replace for attr in spec.attrs
+        }
 
     @property
     def id(self) -> str:
@@ -215,7 +236,7 @@ class CompiledRule:
         members: dict[tuple[Any, ...], list[_Member]] = {}
         claimed: set[int] = set()
         for node in graph:
-            if (node.domain, node.op_type) not in self.variants_by_root:
+            if (node.domain, node.op_type) not in self.root_ops:
                 continue
             try:
                 member = self._member(model, graph, node)
@@ -468,6 +489,17 @@ def _build_variants(rule: Rule) -> list[_Variant]:
     return variants
 
 
+def _root_ops(rule: Rule) -> frozenset[tuple[str, str]]:
+    """The ops of the spec producing the rule's first output, over every match variant
+    (every output comes from one node: ``_variant`` refuses anything else)."""
+    ops = set()
+    for specs in rule.match_variants or (rule.match,):
+        for spec in specs:
+            if rule.outputs and rule.outputs[0] in spec.outputs:
+                ops.update((op.domain, op.op_type) for op in spec.ops)
+    return frozenset(ops)
+
+
 def _commutes(spec: NodeSpec) -> bool:
     return (
         len(spec.inputs) == 2
@@ -591,7 +623,8 @@ def _initializer(value: Any) -> ir.Value:
     array = np.asarray(value)
     if array.dtype == np.float64 and not isinstance(value, _ModelDtype):
         array = array.astype(np.float32)
-    tensor = ir.tensor(array)
+    # ir.Tensor directly: ir.tensor()'s protocol isinstance checks cost 0.2 ms a call.
+    tensor = ir.tensor(array) if array.dtype == object else ir.Tensor(array)
     return ir.Value(name=None, type=ir.TensorType(tensor.dtype), shape=ir.Shape(array.shape),
                     const_value=tensor)
 
@@ -884,12 +917,14 @@ def _free_overload(model: ir.Model, op: OpRef, function: ir.Function) -> str:
     return f"v{index}"
 
 
-def compile_rules(rules: Iterable[Rule]) -> list[CompiledRule]:
-    """Compile every rule; problems are collected and raised together."""
+def compile_rules(rules: Iterable[Rule], *, lazy: Iterable[Rule] = ()) -> list[CompiledRule]:
+    """Compile every rule; problems are collected and raised together. Rules in ``lazy``
+    (the tested built-in library) build their patterns on first use."""
     compiled, problems = [], []
+    deferred = {id(rule) for rule in lazy}
     for rule in rules:
         try:
-            compiled.append(CompiledRule(rule))
+            compiled.append(CompiledRule(rule, lazy=id(rule) in deferred))
         except RuleFileError as exc:
             problems.extend(exc.problems)
     if problems:

@@ -1184,11 +1184,21 @@ _ALLOWED_NODES = (
 
 @dataclass(frozen=True)
 class Expression:
-    """A checked expression: its source, its AST and the names it reads."""
+    """A checked expression: its source, the names it reads and its AST.
+
+    The AST is built on first use: a rule library loaded from the cache holds a thousand
+    expressions, of which a run evaluates the few whose patterns matched.
+    """
 
     source: str
-    tree: ast.Expression = field(repr=False, compare=False)
     names: frozenset[str]
+    _tree: ast.Expression | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def tree(self) -> ast.Expression:
+        if self._tree is None:  # checked by parse() before it was cached
+            object.__setattr__(self, "_tree", ast.parse(self.source, mode="eval"))
+        return self._tree  # type: ignore[return-value]
 
     def evaluate(self, env: Mapping[str, Any]) -> Any:
         """Evaluate with ``env`` (captures and let values); raises NoMatch or ExprError."""
@@ -1207,6 +1217,10 @@ class Expression:
     def names_in_order(self) -> list[str]:
         """The names the expression reads, in reading (depth-first) order."""
         return [n.id for n in _reading_order(self.tree.body) if isinstance(n, ast.Name)]
+
+    def __reduce__(self) -> tuple[Any, tuple[str, frozenset[str]]]:
+        """Pickled as its checked source (the rule cache), without the AST."""
+        return Expression, (self.source, self.names)
 
 
 def _reading_order(node: ast.AST) -> Iterable[ast.AST]:
@@ -1241,7 +1255,7 @@ def parse(source: Any, known_names: Iterable[str] | None) -> Expression:
     known = None if known_names is None else set(known_names) | set(CONSTANT_NAMES)
     names: set[str] = set()
     _check(tree, known, names, depth=0)
-    return Expression(text, tree, frozenset(names))
+    return Expression(text, frozenset(names), tree)
 
 
 def _check(node: ast.AST, known: set[str] | None, names: set[str], depth: int) -> None:

@@ -161,7 +161,7 @@ def apply_rules(
         # not run over the graph at all, so cost is not rules x nodes.
         present = {id(g): {(n.domain, n.op_type) for n in g} for g in graphs}
         for rule in active:
-            roots = rule.variants_by_root
+            roots = rule.root_ops
             for graph in graphs:
                 ops = present[id(graph)]
                 if ops.isdisjoint(roots):

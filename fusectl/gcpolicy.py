@@ -1,0 +1,29 @@
+"""Fewer cyclic garbage collections while fusectl works.
+
+An optimization allocates millions of small objects (IR nodes and values, pattern
+matches, parsed rules) that live until the run ends. With Python's default thresholds
+the collector walks that whole heap again and again: measured, half of the run time of
+`fusectl optimize` on BERT-like and 10k-node models. Raising the first threshold keeps
+collections (onnx-ir graphs are full of reference cycles, so they are still needed)
+but makes them rare.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+THRESHOLDS = (50_000, 20, 100)
+"""gc.set_threshold values while fusectl runs (Python's defaults: 700, 10, 10)."""
+
+
+@contextmanager
+def fewer_collections() -> Iterator[None]:
+    """Raise the collector's thresholds for the duration, then restore the caller's."""
+    previous = gc.get_threshold()
+    gc.set_threshold(*(max(new, old) for new, old in zip(THRESHOLDS, previous, strict=True)))
+    try:
+        yield
+    finally:
+        gc.set_threshold(*previous)
