@@ -1193,6 +1193,8 @@ class Expression:
     source: str
     names: frozenset[str]
     _tree: ast.Expression | None = field(default=None, repr=False, compare=False)
+    _compiled: Compiled | None = field(default=None, repr=False, compare=False)
+    _names_in_order: tuple[str, ...] | None = field(default=None, repr=False, compare=False)
 
     @property
     def tree(self) -> ast.Expression:
@@ -1202,7 +1204,11 @@ class Expression:
 
     def evaluate(self, env: Mapping[str, Any]) -> Any:
         """Evaluate with ``env`` (captures and let values); raises NoMatch or ExprError."""
-        return _Evaluator(env).run(self.tree.body)
+        compiled = self._compiled
+        if compiled is None:
+            compiled = _closure(self.tree.body)
+            object.__setattr__(self, "_compiled", compiled)
+        return _run(compiled, env)
 
     @property
     def explicit_dtype(self) -> bool:
@@ -1216,7 +1222,11 @@ class Expression:
 
     def names_in_order(self) -> list[str]:
         """The names the expression reads, in reading (depth-first) order."""
-        return [n.id for n in _reading_order(self.tree.body) if isinstance(n, ast.Name)]
+        if self._names_in_order is None:
+            names = tuple(n.id for n in _reading_order(self.tree.body)
+                          if isinstance(n, ast.Name))
+            object.__setattr__(self, "_names_in_order", names)
+        return list(self._names_in_order)  # type: ignore[arg-type]
 
     def __reduce__(self) -> tuple[Any, tuple[str, frozenset[str]]]:
         """Pickled as its checked source (the rule cache), without the AST."""
@@ -1314,90 +1324,129 @@ def _describe(node: ast.AST) -> str:
 # ------------------------------------------------------------------------ evaluation
 
 
-class _Evaluator:
-    def __init__(self, env: Mapping[str, Any]) -> None:
-        self.env = env
+Compiled = Callable[[Mapping[str, Any]], Any]
+"""An expression turned into nested closures: evaluating it no longer walks the AST."""
 
-    def run(self, node: ast.AST) -> Any:
-        try:
-            return self.eval(node)
-        except (NoMatch, ExprError):
-            raise
-        except (ArithmeticError, ValueError, TypeError, IndexError, KeyError,
-                MemoryError) as exc:
-            raise NoMatch(f"{type(exc).__name__}: {exc}") from None
 
-    def eval(self, node: ast.AST) -> Any:  # noqa: C901 - one dispatch over node types
-        if isinstance(node, ast.Constant):
-            return node.value
-        if isinstance(node, ast.Name):
-            if node.id in self.env:
-                return self.env[node.id]
-            return CONSTANT_NAMES[node.id]
-        if isinstance(node, (ast.List, ast.Tuple)):
-            items = [self.eval(e) for e in node.elts]
-            return items if isinstance(node, ast.List) else tuple(items)
-        if isinstance(node, ast.BoolOp):
-            if isinstance(node.op, ast.And):
+def _run(compiled: Compiled, env: Mapping[str, Any]) -> Any:
+    """Evaluate; Python errors inside an expression mean "no match", never a crash."""
+    try:
+        return compiled(env)
+    except (NoMatch, ExprError):
+        raise
+    except (ArithmeticError, ValueError, TypeError, IndexError, KeyError,
+            MemoryError) as exc:
+        raise NoMatch(f"{type(exc).__name__}: {exc}") from None
+
+
+def _closure(node: ast.AST) -> Compiled:  # noqa: C901 - one dispatch over node types
+    """Closures for a checked AST, built once per expression (parse() allowed only the node
+    types handled here; anything else raises when evaluated, as a walker would)."""
+    if isinstance(node, ast.Constant):
+        constant = node.value
+        return lambda env: constant
+    if isinstance(node, ast.Name):
+        name = node.id
+        return lambda env: env[name] if name in env else CONSTANT_NAMES[name]
+    if isinstance(node, (ast.List, ast.Tuple)):
+        items = [_closure(e) for e in node.elts]
+        if isinstance(node, ast.List):
+            return lambda env: [item(env) for item in items]
+        return lambda env: tuple(item(env) for item in items)
+    if isinstance(node, ast.BoolOp):
+        values = [_closure(v) for v in node.values]
+        if isinstance(node.op, ast.And):
+            def all_of(env: Mapping[str, Any]) -> Any:
                 result: Any = True
-                for value in node.values:
-                    result = self.eval(value)
+                for value in values:
+                    result = value(env)
                     if not _truth(result):
                         return result
                 return result
-            result = False
-            for value in node.values:
-                result = self.eval(value)
+            return all_of
+
+        def any_of(env: Mapping[str, Any]) -> Any:
+            result: Any = False
+            for value in values:
+                result = value(env)
                 if _truth(result):
                     return result
             return result
-        if isinstance(node, ast.UnaryOp):
-            operand = self.eval(node.operand)
-            if isinstance(node.op, ast.Not):
-                return not _truth(operand)
-            return _UNARY[type(node.op)](_numeric(operand))
-        if isinstance(node, ast.BinOp):
-            left, right = _numeric(self.eval(node.left)), _numeric(self.eval(node.right))
-            if isinstance(node.op, ast.Pow):
-                _check_power(left, right)
-            result = _BINOPS[type(node.op)](left, right)
-            if isinstance(result, int) and result.bit_length() > MAX_INT_BITS:
-                raise NoMatch(f"integer larger than {MAX_INT_BITS} bits")
-            if isinstance(result, complex):
-                raise NoMatch("complex result")
-            return result
-        if isinstance(node, ast.Compare):
-            left = self.eval(node.left)
-            for op, comparator in zip(node.ops, node.comparators, strict=True):
-                right = self.eval(comparator)
+        return any_of
+    if isinstance(node, ast.UnaryOp):
+        operand = _closure(node.operand)
+        if isinstance(node.op, ast.Not):
+            return lambda env: not _truth(operand(env))
+        unary = _UNARY[type(node.op)]
+        return lambda env: unary(_numeric(operand(env)))
+    if isinstance(node, ast.BinOp):
+        return _binop(node)
+    if isinstance(node, ast.Compare):
+        first = _closure(node.left)
+        pairs = [(op, _closure(c)) for op, c in zip(node.ops, node.comparators, strict=True)]
+
+        def compare(env: Mapping[str, Any]) -> bool:
+            left = first(env)
+            for op, comparator in pairs:
+                right = comparator(env)
                 if not _compare(op, left, right):
                     return False
                 left = right
             return True
-        if isinstance(node, ast.IfExp):
-            return self.eval(node.body) if _truth(self.eval(node.test)) else self.eval(node.orelse)
-        if isinstance(node, ast.Subscript):
-            container = self.eval(node.value)
+        return compare
+    if isinstance(node, ast.IfExp):
+        test, body, orelse = _closure(node.test), _closure(node.body), _closure(node.orelse)
+        return lambda env: body(env) if _truth(test(env)) else orelse(env)
+    if isinstance(node, ast.Subscript):
+        container_of, index_of = _closure(node.value), _index_closure(node.slice)
+
+        def subscript(env: Mapping[str, Any]) -> Any:
+            container = container_of(env)
             if isinstance(container, ir.Value):
                 container = to_array(container)
-            return container[self.eval_index(node.slice)]
-        if isinstance(node, ast.Call):
-            assert isinstance(node.func, ast.Name)
-            args = [self.eval(a) for a in node.args]
-            return FUNCTIONS[node.func.id](*args)
-        raise ExprError(f"{_describe(node)} is not allowed in rule expressions")
+            return container[index_of(env)]
+        return subscript
+    if isinstance(node, ast.Call):
+        assert isinstance(node.func, ast.Name)
+        function, args = node.func.id, [_closure(a) for a in node.args]
+        return lambda env: FUNCTIONS[function](*[arg(env) for arg in args])
+    message = f"{_describe(node)} is not allowed in rule expressions"
 
-    def eval_index(self, node: ast.AST) -> Any:
-        if isinstance(node, ast.Slice):
-            bounds = (node.lower, node.upper, node.step)
-            parts = [None if p is None else self.eval(p) for p in bounds]
-            return slice(*parts)
-        if isinstance(node, ast.Tuple):
-            return tuple(self.eval_index(e) for e in node.elts)
-        index = self.eval(node)
-        if isinstance(index, (list, tuple)):
-            return tuple(index)
-        return index
+    def refuse(env: Mapping[str, Any]) -> Any:
+        raise ExprError(message)
+    return refuse
+
+
+def _binop(node: ast.BinOp) -> Compiled:
+    left_of, right_of = _closure(node.left), _closure(node.right)
+    operator, is_power = _BINOPS[type(node.op)], isinstance(node.op, ast.Pow)
+
+    def binop(env: Mapping[str, Any]) -> Any:
+        left, right = _numeric(left_of(env)), _numeric(right_of(env))
+        if is_power:
+            _check_power(left, right)
+        result = operator(left, right)
+        if isinstance(result, int) and result.bit_length() > MAX_INT_BITS:
+            raise NoMatch(f"integer larger than {MAX_INT_BITS} bits")
+        if isinstance(result, complex):
+            raise NoMatch("complex result")
+        return result
+    return binop
+
+
+def _index_closure(node: ast.AST) -> Compiled:
+    if isinstance(node, ast.Slice):
+        bounds = [None if p is None else _closure(p) for p in (node.lower, node.upper, node.step)]
+        return lambda env: slice(*[None if b is None else b(env) for b in bounds])
+    if isinstance(node, ast.Tuple):
+        parts = [_index_closure(e) for e in node.elts]
+        return lambda env: tuple(part(env) for part in parts)
+    plain = _closure(node)
+
+    def index(env: Mapping[str, Any]) -> Any:
+        value = plain(env)
+        return tuple(value) if isinstance(value, (list, tuple)) else value
+    return index
 
 
 def _numeric(value: Any) -> Any:
