@@ -75,6 +75,8 @@ class _Variant:
     literal_vars: dict[str, float | int]  # internal var name -> literal value
     root_op: OpRef
     lookahead: tuple[tuple[int, str, str], ...] = ()
+    paths: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    """Pattern input name -> input indices leading to it from the root (first path)."""
     """(input index, domain, op_type) the root's inputs must be produced by: checked before
     onnxscript's matcher, which costs fifty times more to say no."""
 
@@ -252,7 +254,7 @@ class CompiledRule:
         members: dict[tuple[Any, ...], list[_Member]] = {}
         claimed: set[int] = set()
         for node in graph:
-            if (node.domain, node.op_type) not in self.root_ops:
+            if (node.domain, node.op_type) not in self.root_ops or self._no_siblings(node):
                 continue
             try:
                 member = self._member(model, graph, node)
@@ -277,6 +279,19 @@ class CompiledRule:
                     rejected(group_members[0].root, str(exc))
         return rewrites
 
+    def _no_siblings(self, node: ir.Node) -> bool:
+        """True when the shared value, where every variant rooted here finds it, is read
+        by fewer nodes than a group needs: no member could ever join a group, so the
+        costly match is skipped (a 100k-node chain has a Conv at every third node)."""
+        group = self.rule.group
+        assert group is not None
+        for variant in self.variants_by_root.get((node.domain, node.op_type), ()):
+            path = variant.paths.get(group.shared)
+            shared = _follow(node, path) if path else None
+            if shared is None or len(shared.uses()) >= group.min_size:
+                return False
+        return True
+
     def _member(self, model: ir.Model, graph: ir.Graph | ir.Function, node: ir.Node
                 ) -> _Member | None:
         group = self.rule.group
@@ -289,7 +304,7 @@ class CompiledRule:
                 reason = reason or str(exc)
                 continue
             shared = env.get(group.shared)
-            if not isinstance(shared, ir.Value):
+            if not expr.is_value(shared):
                 continue
             try:
                 extra = tuple(_hashable(k.evaluate(env)) for k in group.key)
@@ -340,7 +355,7 @@ class _Member:
 
 
 def _hashable(value: Any) -> Any:
-    if isinstance(value, ir.Value):
+    if expr.is_value(value):
         return ("value", id(value))
     if isinstance(value, (np.ndarray, np.generic)):
         array = np.asarray(value)
@@ -440,7 +455,7 @@ def _same(actual: Any, expected: Any) -> bool:
 
 
 def _is_literal(value: Any, literal: float | int) -> bool:
-    if not isinstance(value, ir.Value):
+    if not expr.is_value(value):
         return False
     try:
         array = np.asarray(expr.to_array(value), dtype=np.float64)
@@ -469,7 +484,7 @@ def _typed(value: Any, expression: expr.Expression, env: Mapping[str, Any]) -> A
         ref = env.get(name)
         if isinstance(ref, list):  # group rules: per-member lists; the first member decides
             ref = next((r for r in ref if r is not None), None)
-        dtype = expr.value_dtype(ref) if isinstance(ref, ir.Value) else None
+        dtype = expr.value_dtype(ref) if expr.is_value(ref) else None
         if dtype is None and isinstance(ref, np.ndarray):
             dtype = ref.dtype
         if dtype is not None and dtype.kind in "fc" and np.asarray(value).dtype.kind in "fc":
@@ -572,7 +587,44 @@ def _variant(rule: Rule, specs: tuple[NodeSpec, ...],
     root_op, root_swapped = combo[root_index]
     pattern = orp.Pattern(graph_pattern, name=rule.id)
     return _Variant(pattern, specs, node_of_spec, literal_vars, root_op,
-                    _lookahead(specs, combo, root_index, root_swapped))
+                    _lookahead(specs, combo, root_index, root_swapped),
+                    _input_paths(specs, combo, root_index))
+
+
+def _input_paths(specs: tuple[NodeSpec, ...], combo: tuple[tuple[OpRef, bool], ...],
+                 root_index: int) -> dict[str, tuple[int, ...]]:
+    """For each pattern input, the input indices to follow from the root node to reach it
+    (through producers), as this variant orders commuted operands."""
+    producer = {name: i for i, spec in enumerate(specs) for name in spec.outputs}
+    paths: dict[str, tuple[int, ...]] = {}
+    frontier = [(root_index, ())]
+    while frontier:
+        index, path = frontier.pop(0)
+        inputs = list(specs[index].inputs)
+        if combo[index][1]:
+            inputs[0], inputs[1] = inputs[1], inputs[0]
+        for position, item in enumerate(inputs):
+            if not isinstance(item, Ref):
+                continue
+            if item.name in producer:
+                frontier.append((producer[item.name], (*path, position)))
+            else:
+                paths.setdefault(item.name, (*path, position))
+    return paths
+
+
+def _follow(node: ir.Node, path: tuple[int, ...]) -> ir.Value | None:
+    """The value reached from ``node`` through ``path`` (producers in between), or None."""
+    value = None
+    for step, position in enumerate(path):
+        if step:
+            node = value.producer() if value is not None else None  # type: ignore[assignment]
+            if node is None:
+                return None
+        if position >= len(node.inputs):
+            return None
+        value = node.inputs[position]
+    return value
 
 
 def _lookahead(specs: tuple[NodeSpec, ...], combo: tuple[tuple[OpRef, bool], ...],
@@ -720,7 +772,7 @@ def _replacement(compiled: CompiledRule, root: ir.Node, matched: list[ir.Node],
     available: dict[str, ir.Value | None] = {}
     for name in rule.captures:
         value = env.get(name)
-        if value is None or isinstance(value, ir.Value):
+        if value is None or expr.is_value(value):
             available[name] = value
     new_nodes: list[ir.Node] = []
     new_initializers: list[ir.Value] = []
@@ -738,7 +790,7 @@ def _replacement(compiled: CompiledRule, root: ir.Node, matched: list[ir.Node],
         if item.name in available:
             return available[item.name]
         value = env.get(item.name)
-        if isinstance(value, ir.Value) or value is None:
+        if expr.is_value(value) or value is None:
             return value
         if isinstance(value, (bool, int, float, list, tuple, np.ndarray, np.generic)):
             init = _initializer(value)

@@ -38,6 +38,17 @@ class NoMatch(Exception):  # noqa: N818 - a control-flow signal, not an error
 # --------------------------------------------------------------------------- values
 
 
+_NOT_VALUES = (int, float, bool, str, list, tuple, dict, np.ndarray, np.generic, type(None))
+
+
+def is_value(obj: Any) -> bool:
+    """``isinstance(obj, ir.Value)``, fast: ir.Value is a typing Protocol class, and a
+    protocol isinstance check that fails costs a microsecond in Python code (a million
+    such checks in a 100k-node run)."""
+    return type(obj) is ir.Value or (not isinstance(obj, _NOT_VALUES)
+                                     and isinstance(obj, ir.Value))
+
+
 def _const_tensor(value: ir.Value) -> ir.TensorProtocol | None:
     """The constant tensor behind a value, or None: initializers that are also
     graph inputs can be overridden at run time, so they are not constants."""
@@ -56,14 +67,14 @@ def _const_tensor(value: ir.Value) -> ir.TensorProtocol | None:
 
 def is_constant(value: Any) -> bool:
     """True when ``value`` is a graph value whose data is known at rewrite time."""
-    if isinstance(value, ir.Value):
+    if is_value(value):
         return _const_tensor(value) is not None
     return value is not None
 
 
 def to_array(value: Any, name: str = "value") -> Any:
     """Numeric view of a value: arrays for graph constants, scalars stay scalars."""
-    if isinstance(value, ir.Value):
+    if is_value(value):
         tensor = _const_tensor(value)
         if tensor is None:
             raise NoMatch(f"{value.name or name} is not a constant")
@@ -80,7 +91,7 @@ def to_array(value: Any, name: str = "value") -> Any:
 
 
 def _shape_of(value: Any) -> tuple[int | str, ...]:
-    if isinstance(value, ir.Value):
+    if is_value(value):
         tensor = _const_tensor(value)
         if tensor is not None:
             return tuple(int(d) for d in tensor.shape)
@@ -101,7 +112,7 @@ def _shape_of(value: Any) -> tuple[int | str, ...]:
 
 
 def _dtype_of(value: Any) -> str:
-    if isinstance(value, ir.Value):
+    if is_value(value):
         tensor = _const_tensor(value)
         dtype = tensor.dtype if tensor is not None else value.dtype
         if dtype is None:
@@ -112,7 +123,7 @@ def _dtype_of(value: Any) -> str:
 
 def value_dtype(value: Any) -> np.dtype | None:
     """The numpy dtype a captured value has in the model (before any upcast)."""
-    if not isinstance(value, ir.Value):
+    if not is_value(value):
         return None
     tensor = _const_tensor(value)
     dtype = tensor.dtype if tensor is not None else value.dtype
@@ -267,7 +278,7 @@ def _fn_trailing_axis(axes: Any, rank: int) -> int:
     if axes is None:
         raise NoMatch("reduction over all axes")
     _check_rank(rank)
-    if isinstance(axes, ir.Value):
+    if is_value(axes):
         axes = to_array(axes)
     normalized = sorted(int(a) + rank if int(a) < 0 else int(a) for a in np.ravel(axes))
     if not normalized or normalized != list(range(normalized[0], rank)):
@@ -455,7 +466,7 @@ def _fn_op_type(value: Any) -> str:
     """The op type of the node that produced a matched value (``domain.Op`` outside the
     ONNX domain), so that one rule with op alternatives (``z = Relu | Tanh (y)``) can
     name the op it matched, e.g. as a fused op's ``activation`` attribute."""
-    if not isinstance(value, ir.Value):
+    if not is_value(value):
         raise NoMatch("op_type() needs a value of the match")
     node = value.producer()
     if node is None:
@@ -472,7 +483,7 @@ def _rank_of(value: Any) -> int:
     """The rank of a value, also when some of its dims are unknown (``rank`` needs them all)."""
     if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
         rank = int(value)
-    elif isinstance(value, ir.Value) and _const_tensor(value) is None:
+    elif is_value(value) and _const_tensor(value) is None:
         if value.shape is None:
             raise NoMatch(f"rank of {value.name} is unknown")
         rank = len(value.shape)
@@ -621,7 +632,7 @@ def _fn_is_noop_reshape(value: Any, shape: Any, allowzero: Any = 0) -> bool:
 
 def _shape_of_known_rank(value: Any) -> tuple[int | str | None, ...]:
     """Dims of a value, None for an unknown dim (the rank must be known)."""
-    if isinstance(value, ir.Value) and _const_tensor(value) is None:
+    if is_value(value) and _const_tensor(value) is None:
         if value.shape is None:
             raise NoMatch(f"shape of {value.name} is unknown")
         return tuple(d if isinstance(d, int) else d.value for d in value.shape)
@@ -664,7 +675,7 @@ def _fn_itemsize(value: Any) -> float:
     tell whether moving a Transpose across a Cast makes it move more bytes."""
     if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
         dtype = ir.DataType(int(value))
-    elif isinstance(value, ir.Value):
+    elif is_value(value):
         tensor = _const_tensor(value)
         dtype = tensor.dtype if tensor is not None else value.dtype
         if dtype is None:
@@ -702,7 +713,7 @@ def _fn_near(value: Any, target: Any) -> bool:
     in a match statement allows, so activation rules capture such constants and test them
     here. Attribute values (plain numbers) compare with the float32 tolerance."""
     rtol = NEAR_RTOL
-    if isinstance(value, ir.Value):
+    if is_value(value):
         dtype = value_dtype(value)
         rtol = _ROUNDING_RTOL.get(dtype.name if dtype is not None else "", NEAR_RTOL)
     array = np.asarray(to_array(value), dtype=np.float64)
@@ -755,7 +766,7 @@ def _fn_is_graph_output(value: Any) -> bool:
     replacement keeps an Identity when y is a graph output (its name must survive), so a
     rule that removes Identity nodes must not match those: it would replace the node by
     an equal one on every pass."""
-    if not isinstance(value, ir.Value):
+    if not is_value(value):
         raise NoMatch("is_graph_output() needs a value of the match")
     return value.is_graph_output()
 
@@ -764,7 +775,7 @@ def _fn_num_uses(value: Any) -> int:
     """How many node inputs read a matched value, plus one when it is a graph output: a
     rule that also writes an intermediate again (the residual sum of a skip norm) fires
     only when someone outside the match reads it."""
-    if not isinstance(value, ir.Value):
+    if not is_value(value):
         raise NoMatch("num_uses() needs a value of the match")
     return len(value.uses()) + int(value.is_graph_output())
 
@@ -808,7 +819,7 @@ def _dtype_name(value: Any) -> str:
             return np.dtype(dtype.numpy()).name
         except TypeError:
             raise NoMatch(f"dtype {dtype.name} has no numpy equivalent") from None
-    if isinstance(value, ir.Value):
+    if is_value(value):
         return _dtype_of(value)
     raise NoMatch("expected a dtype name, an ONNX dtype code or a value")
 
@@ -954,7 +965,7 @@ def _fn_transpose_ahead(*values: Any) -> bool:
     """Whether a Transpose reads one of ``values`` within three hops of elementwise ops and
     Squeezes: pushing a Transpose below a Split multiplies it by the parts, which pays
     only when one of them meets another Transpose and composes with it."""
-    frontier = [v for v in values if isinstance(v, ir.Value)]
+    frontier = [v for v in values if is_value(v)]
     for _ in range(3):
         following = []
         for value in frontier:
@@ -1017,7 +1028,7 @@ def _fn_num_outputs(value: Any) -> int:
     more when they are unused, but some ops change meaning with their output count:
     BatchNormalization before opset 14 computes in training mode when it has its
     running-statistics outputs."""
-    if not isinstance(value, ir.Value):
+    if not is_value(value):
         raise NoMatch("num_outputs() needs a value of the match")
     node = value.producer()
     if node is None:
@@ -1043,7 +1054,7 @@ def _fn_producer_op(value: Any) -> str:
     """The op type of the node producing a value, "" for graph inputs and initializers. Input
     side folds use it to leave the affine tail of a decomposed LayerNorm, RMSNorm or GELU
     (an input produced by Mul/Div) to the fusion that takes the whole pattern."""
-    if not isinstance(value, ir.Value):
+    if not is_value(value):
         raise NoMatch("producer_op() needs a value of the match")
     node = value.producer()
     if node is None:
@@ -1402,7 +1413,7 @@ def _closure(node: ast.AST) -> Compiled:  # noqa: C901 - one dispatch over node 
 
         def subscript(env: Mapping[str, Any]) -> Any:
             container = container_of(env)
-            if isinstance(container, ir.Value):
+            if is_value(container):
                 container = to_array(container)
             return container[index_of(env)]
         return subscript
@@ -1451,7 +1462,7 @@ def _index_closure(node: ast.AST) -> Compiled:
 
 def _numeric(value: Any) -> Any:
     """Operands of arithmetic: graph constants become arrays; text is refused."""
-    if isinstance(value, ir.Value) or value is None:
+    if is_value(value) or value is None:
         return to_array(value)
     if isinstance(value, str):
         raise NoMatch("arithmetic on text")
@@ -1488,11 +1499,11 @@ def _compare(op: ast.cmpop, left: Any, right: Any) -> bool:
         result = left is right
         return result if isinstance(op, ast.Is) else not result
     if isinstance(op, (ast.In, ast.NotIn)):
-        contained = left in (right if not isinstance(right, ir.Value) else to_array(right))
+        contained = left in (right if not is_value(right) else to_array(right))
         return contained if isinstance(op, ast.In) else not contained
-    if isinstance(left, ir.Value):
+    if is_value(left):
         left = to_array(left)
-    if isinstance(right, ir.Value):
+    if is_value(right):
         right = to_array(right)
     if isinstance(left, (list, tuple, np.ndarray)) or isinstance(right, (list, tuple, np.ndarray)):
         a, b = np.asarray(left), np.asarray(right)

@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from fusectl.compile import CompiledRule, compile_rules
 from fusectl.prepare import prepare
@@ -81,8 +81,10 @@ def test_matching_is_linear_in_nodes(monkeypatch: pytest.MonkeyPatch) -> None:
     for n in (10, 100):
         calls["n"] = 0
         _, result = _run(_matmul_fan(n), _rules("matmul-sibling-merge"))
-        # pass 1 tries the n MatMuls, pass 2 the merged one; nothing quadratic
-        assert calls["n"] == n + result.passes - 1
+        # pass 1 tries the n MatMuls; in pass 2 the merged one is x's only reader, so it
+        # is not even tried (no group can form); nothing quadratic
+        assert result.passes == 2
+        assert calls["n"] == n
 
 
 def test_groups_that_feed_each_other() -> None:
@@ -149,3 +151,32 @@ def test_a_node_is_never_in_two_members() -> None:
     model, result = _run(proto, _rules("matmul-sibling-merge"))
     assert result.applications == ()
     assert op_histogram(model.graph) == {"MatMul": 2}
+
+
+def test_a_lone_reader_is_not_matched(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A MatMul alone on its input can never join a group: it is skipped before matching,
+    while two MatMuls on one input still merge."""
+    tried: list[str] = []
+    original = CompiledRule._member
+
+    def recording(self, model, graph, node):  # noqa: ANN001, ANN202
+        tried.append(node.name)
+        return original(self, model, graph, node)
+
+    monkeypatch.setattr(CompiledRule, "_member", recording)
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), f"w{i}")
+               for i, shape in enumerate([(64, 64), (64, 2), (64, 3)])]
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w0"], ["a"], name="alone"),
+         helper.make_node("MatMul", ["a", "w1"], ["b"], name="left"),
+         helper.make_node("MatMul", ["a", "w2"], ["c"], name="right")],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 64])],
+        [helper.make_tensor_value_info("b", TensorProto.FLOAT, [3, 2]),
+         helper.make_tensor_value_info("c", TensorProto.FLOAT, [3, 3])],
+        weights)
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model, result = _run(proto, _rules("matmul-sibling-merge"))
+    assert "alone" not in tried
+    assert {"left", "right"} <= set(tried)
+    assert [a.matched for a in result.applications] == [("left", "right")]
