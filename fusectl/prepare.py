@@ -19,6 +19,7 @@ from onnx_ir.passes.common import (
 )
 from onnxscript.optimizer import fold_constants
 
+from .dedupe import merge_equal_initializers
 from .shapes import infer_model_shapes
 
 FOLD_INPUT_LIMIT = 1 << 22
@@ -85,12 +86,16 @@ def prepare(model: ir.Model, *, fold: bool = True) -> PrepareResult:
         )
         _retype_folded_strings(model.graph)
         RemoveUnusedNodesPass()(model)
-        if model.ir_version >= LEGACY_IR_VERSION:
-            # Constant nodes become initializers (what every peer does), and identical
-            # nodes computing the same value are merged (onnxruntime's basic level does).
-            LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0)(model)
-            CommonSubexpressionEliminationPass()(model)
-            RemoveUnusedNodesPass()(model)
+        # Constant nodes become initializers (what every peer does), equal weights one
+        # initializer, and identical nodes computing the same value are merged (onnxruntime's
+        # basic level and onnx-simplifier do). Safe below IR 4 too: the caller detached the
+        # initializers from the inputs (detach_legacy_initializer_inputs) and lists the
+        # remaining ones again before saving; a dropped one left listed would become a
+        # required input on onnxruntime.
+        LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0)(model)
+        merge_equal_initializers(model.graph)
+        CommonSubexpressionEliminationPass()(model)
+        RemoveUnusedNodesPass()(model)
         if folded.modified:
             shapes_inferred = infer_model_shapes(model) or shapes_inferred
     return PrepareResult(before - _count_nodes(model), shapes_inferred)

@@ -119,9 +119,10 @@ def test_merge_that_costs_traffic_is_refused_unless_allowed() -> None:
     """Q/K/V-like siblings as wide as their input: the Split copy costs more than the
     reads it saves, so the default rule refuses; ``require_saving: false`` merges."""
     proto = _matmul_fan(3, width=4)
-    for node, init in zip(proto.graph.node, proto.graph.initializer, strict=True):
-        init.CopyFrom(onnx.numpy_helper.from_array(
-            np.ones((4, 4), dtype=np.float32), init.name))
+    for i, (node, init) in enumerate(zip(proto.graph.node, proto.graph.initializer,
+                                         strict=True)):
+        init.CopyFrom(onnx.numpy_helper.from_array(  # distinct: equal weights would be merged
+            np.full((4, 4), i + 1.0, dtype=np.float32), init.name))
         proto.graph.output[list(proto.graph.node).index(node)].type.tensor_type.shape.dim[
             1].dim_value = 4
     model, result = _run(proto, _rules("matmul-sibling-merge"))

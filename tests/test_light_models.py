@@ -12,6 +12,7 @@ import pytest
 
 import fusectl
 from fusectl.modelio import load_model
+from fusectl.prepare import detach_legacy_initializer_inputs, prepare
 
 LIGHT = Path(os.path.dirname(onnx.__file__)) / "backend" / "test" / "data" / "light"
 
@@ -41,7 +42,13 @@ def test_light_model(name: str) -> None:
     assert result.rewrite.capped == ()
     assert _bn_after_conv(result.model) == 0
     folds = result.rewrite.counts().get("conv-bn-fold", 0)
-    assert folds >= _bn_after_conv(original)
+    # Counted after preparation: it merges convolutions that compute the same value
+    # (inception_v2's equal ConstantOfShape weights), whose BatchNormalizations then
+    # read a shared output and stay.
+    prepared = load_model(path)
+    detach_legacy_initializer_inputs(prepared)
+    prepare(prepared)
+    assert folds >= _bn_after_conv(prepared)
     if folds:
         assert result.traffic_after.total_bytes < result.traffic_before.total_bytes
     before = [(v.name, str(v.type), str(v.shape)) for v in original.graph.inputs

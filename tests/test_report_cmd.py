@@ -33,12 +33,17 @@ def zeros(n: int) -> str:
     return ", ".join(["0"] * n)
 
 
+def filled(n: int, value: int) -> str:
+    return ", ".join([str(value)] * n)
+
+
 # Conv -> Flatten -> Gemm -> LayerNormalization, every size small enough to add up by hand.
+# b2, gamma and beta differ: equal constants would be merged into one initializer.
 HAND_MODEL = f"""<ir_version: 10, opset_import: ["" : 18]>
 g (float[1,3,8,8] x) => (float[1,10] out)
 <float[4,3,3,3] W = {{{zeros(108)}}}, float[4] B = {{{zeros(4)}}},
- float[144,10] W2 = {{{zeros(1440)}}}, float[10] b2 = {{{zeros(10)}}},
- float[10] gamma = {{{zeros(10)}}}, float[10] beta = {{{zeros(10)}}}>
+ float[144,10] W2 = {{{zeros(1440)}}}, float[10] b2 = {{{filled(10, 2)}}},
+ float[10] gamma = {{{filled(10, 1)}}}, float[10] beta = {{{zeros(10)}}}>
 {{
   y = Conv(x, W, B)
   f = Flatten(y)

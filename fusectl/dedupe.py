@@ -1,0 +1,108 @@
+"""Merge initializers that hold the same tensor, so that equal computations become equal nodes.
+
+Exporters and the constant folder leave one initializer per use: two Conv+Relu branches reading
+one input with equal weights (the onnx wheel's light models fill weights with ConstantOfShape)
+are two computations only because their weights have two names. Once the weights are one value,
+common-subexpression elimination merges the branches (onnx-simplifier does the same).
+
+onnx-ir's ``DeduplicateHashedInitializersPass`` is close but reads every weight in full (a
+model with external data is paged in entirely), copies both tensors to compare them, sizes its
+limit in elements and logs a warning per overridable initializer. Here a tensor is read in
+full only when its dtype, shape and first and last bytes equal another's, and compared in
+chunks without copies.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import defaultdict
+from collections.abc import Iterable
+
+import numpy as np
+import onnx_ir as ir
+
+MAX_BYTES = 256 << 20
+"""Tensors larger than this are never compared. Merging a pair reads both tensors twice
+(hash, then byte comparison): at the ~0.8 GB/s hashing measured on the reference machine this
+bounds a merge at about a second. Larger tensors are embedding tables and LM heads, rarely
+stored twice, and on external data every read goes through the page cache."""
+
+SAMPLE_BYTES = 4096
+"""Bytes read from each end of a tensor before hashing it: trained weights of the same shape
+(every layer of a transformer) already differ there, so they are never read in full."""
+
+_COMPARE_CHUNK = 1 << 22
+
+
+def merge_equal_initializers(graph: ir.Graph, *, max_bytes: int = MAX_BYTES) -> int:
+    """Point every use of an initializer at the first earlier one equal in dtype, shape and
+    bytes, and drop it; return how many were dropped.
+
+    Graph inputs (overridable defaults) and graph outputs keep their identity. Time is linear
+    in the initializers' bytes; a tensor is hashed at most once and byte-compared only with
+    those of equal hash.
+    """
+    by_layout: dict[tuple[object, ...], list[ir.Value]] = defaultdict(list)
+    for value in graph.initializers.values():
+        tensor = value.const_value
+        if tensor is None or value.is_graph_input() or value.is_graph_output() \
+                or tensor.nbytes > max_bytes:
+            continue
+        by_layout[(tensor.dtype, tuple(tensor.shape))].append(value)
+
+    merged = 0
+    for values in _groups_of_two_or_more(by_layout.values()):
+        by_sample: dict[bytes, list[ir.Value]] = defaultdict(list)
+        for value in values:
+            by_sample[_sample(_content(value))].append(value)
+        for same in _groups_of_two_or_more(by_sample.values()):
+            merged += _merge_identical(graph, same)
+    return merged
+
+
+def _merge_identical(graph: ir.Graph, values: list[ir.Value]) -> int:
+    """Merge the values whose contents are equal byte for byte (hash first, then compare)."""
+    kept: dict[bytes, list[ir.Value]] = defaultdict(list)
+    merged = 0
+    for value in values:
+        data = _content(value)
+        bucket = kept[hashlib.sha256(data).digest()]
+        twin = next((k for k in bucket if _same_bytes(_content(k), data)), None)
+        if twin is None:
+            bucket.append(value)
+            continue
+        value.replace_all_uses_with(twin)
+        assert value.name is not None  # initializers are named
+        graph.initializers.pop(value.name)
+        merged += 1
+    return merged
+
+
+def _groups_of_two_or_more(groups: Iterable[list[ir.Value]]) -> Iterable[list[ir.Value]]:
+    return (group for group in groups if len(group) > 1)
+
+
+def _content(value: ir.Value) -> np.ndarray:
+    """The tensor's bytes as a flat uint8 array, without a copy where numpy allows it."""
+    tensor = value.const_value
+    assert tensor is not None
+    if tensor.dtype == ir.DataType.STRING:
+        strings = tensor.string_data()  # type: ignore[attr-defined]
+        framed = b"".join(len(s).to_bytes(8, "little") + s for s in strings)
+        return np.frombuffer(framed, dtype=np.uint8)
+    array = np.ascontiguousarray(tensor.numpy())
+    return array.reshape(-1).view(np.uint8)
+
+
+def _sample(data: np.ndarray) -> bytes:
+    if data.size <= 2 * SAMPLE_BYTES:
+        return data.tobytes()
+    return data[:SAMPLE_BYTES].tobytes() + data[-SAMPLE_BYTES:].tobytes()
+
+
+def _same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
+    """Chunked, so that comparing two large tensors never allocates a tensor-sized mask."""
+    if a.size != b.size:
+        return False
+    return all(np.array_equal(a[i:i + _COMPARE_CHUNK], b[i:i + _COMPARE_CHUNK])
+               for i in range(0, a.size, _COMPARE_CHUNK))
