@@ -79,8 +79,7 @@ def to_array(value: Any, name: str = "value") -> Any:
         if tensor is None:
             raise NoMatch(f"{value.name or name} is not a constant")
         array = tensor.numpy()
-        low_precision = array.dtype == np.float16 or array.dtype.kind == "V"
-        if low_precision or str(array.dtype).startswith(("bfloat16", "float8", "float4")):
+        if array.dtype not in _FULL_PRECISION and _low_precision(array.dtype):
             array = array.astype(np.float32)  # compute folds in fp32, cast back later
         return array
     if value is None:
@@ -88,6 +87,28 @@ def to_array(value: Any, name: str = "value") -> Any:
     if isinstance(value, (list, tuple)):
         return np.asarray(value)
     return value
+
+
+_FULL_PRECISION = frozenset(np.dtype(t) for t in (np.float32, np.float64, np.int64, np.int32,
+                                                  np.int8, np.uint8, np.bool_))
+"""Common dtypes, answered without numpy's slow dtype naming."""
+
+
+def _low_precision(dtype: np.dtype) -> bool:
+    return dtype == np.float16 or dtype.kind == "V" or \
+        str(dtype).startswith(("bfloat16", "float8", "float4"))
+
+
+_DTYPE_NAMES: dict[ir.DataType, str] = {}
+
+
+def _dtype_name(dtype: ir.DataType) -> str:
+    """The numpy name of an ONNX dtype, cached (numpy computes dtype names in Python)."""
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = dtype.numpy().name if dtype != ir.DataType.BFLOAT16 else "bfloat16"
+        _DTYPE_NAMES[dtype] = name
+    return name
 
 
 def _shape_of(value: Any) -> tuple[int | str, ...]:
@@ -117,7 +138,7 @@ def _dtype_of(value: Any) -> str:
         dtype = tensor.dtype if tensor is not None else value.dtype
         if dtype is None:
             raise NoMatch(f"dtype of {value.name} is unknown")
-        return dtype.numpy().name if dtype != ir.DataType.BFLOAT16 else "bfloat16"
+        return _dtype_name(dtype)
     return np.asarray(value).dtype.name
 
 

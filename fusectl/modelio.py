@@ -29,6 +29,7 @@ import onnx.version_converter
 import onnx_ir as ir
 
 from fusectl.errors import BadInputError, InternalError
+from fusectl.shapes import merge_inferred_shapes
 
 __all__ = [
     "BACKUP_SUFFIX",
@@ -430,6 +431,25 @@ def _run_checker(path: Path, proto: onnx.ModelProto, external: bool) -> None:
         raise _bad(path, f"not a valid ONNX model (onnx checker: {_one_line(e)})") from None
 
 
+INFER_AT_LOAD_LIMIT = 256 << 20
+"""Protos up to this size get onnx's shape inference before onnx-ir sees them."""
+
+
+def _inferred_shapes(proto: onnx.ModelProto) -> onnx.ModelProto | None:
+    """onnx's shape inference on the proto as parsed: in C++ that costs a microsecond a
+    node, where inferring on the IR later costs fifty (onnx-ir serializes the graph first).
+    The types are copied onto the IR after deserializing (onnx-ir reads value_info slowly).
+    Bigger protos (embedded weights) would be copied twice, so they, and models onnx cannot
+    infer, are left to preparation's inference."""
+    if proto.ByteSize() > INFER_AT_LOAD_LIMIT:
+        return None
+    try:
+        return onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True,
+                                                 data_prop=True)
+    except Exception:  # noqa: BLE001 - inference is an optimisation, never fatal
+        return None
+
+
 def _set_base_dir(model: ir.Model, base_dir: str) -> None:
     """Point every external tensor (initializers, Constant attrs, functions) at ``base_dir``."""
     for value in _initializer_values(model):
@@ -456,11 +476,14 @@ def load_model(path: str | Path) -> ir.Model:
     base_dir = os.path.dirname(os.path.abspath(p))
     data_files = _check_external_data(p, proto, base_dir)
     _run_checker(p, proto, external=bool(data_files))
+    inferred = _inferred_shapes(proto)
     try:
         model = ir.serde.deserialize_model(proto)
     except Exception as e:  # malformed graphs surface here; the user needs one line
         cause = _root_cause(e)  # onnx-ir wraps the real reason in "Error calling ..." layers
         raise _bad(p, f"not a valid ONNX model ({_one_line(cause)})") from None
+    if inferred is not None:
+        merge_inferred_shapes(model.graph, inferred.graph, keep_signature=True)
     _set_base_dir(model, base_dir)
     model.meta[_META_HAD_EXTERNAL] = bool(data_files)
     model.meta[_META_SOURCE_DATA_FILES] = frozenset(data_files)

@@ -70,7 +70,8 @@ def prepare(model: ir.Model, *, fold: bool = True) -> PrepareResult:
     Call ``detach_legacy_initializer_inputs`` first (before taking the signature).
     """
     before = _count_nodes(model)
-    shapes_inferred = infer_model_shapes(model)
+    # Models loaded from a file were inferred on their proto already (modelio).
+    shapes_inferred = _has_unknown_shapes(model.graph) and infer_model_shapes(model)
     if fold:
         # Shapes first (with onnx's data propagation): Shape/Size of statically shaped
         # values (the runtime shape arithmetic exporters emit, e.g. attention's

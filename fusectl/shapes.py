@@ -95,7 +95,7 @@ def infer_model_shapes(model: ir.Model) -> bool:
         if list(graph.inputs) != inputs:
             graph.inputs.clear()
             graph.inputs.extend(inputs)
-    return _merge_inferred(graph, inferred.graph)
+    return merge_inferred_shapes(graph, inferred.graph)
 
 
 def _infer_shapes(proto: onnx.ModelProto) -> onnx.ModelProto:
@@ -103,14 +103,19 @@ def _infer_shapes(proto: onnx.ModelProto) -> onnx.ModelProto:
                                              data_prop=True)
 
 
-def _merge_inferred(graph: ir.Graph, proto: onnx.GraphProto) -> bool:
+def merge_inferred_shapes(graph: ir.Graph, proto: onnx.GraphProto, *,
+                          keep_signature: bool = False) -> bool:
     """Copy inferred types and shapes onto the values of ``graph`` (and its subgraphs, which
-    the proto lists in the same node order); True when something changed."""
+    the proto lists in the same node order); True when something changed.
+    ``keep_signature`` leaves the main graph's inputs and outputs as declared."""
     types = {info.name: info.type for part in (proto.input, proto.value_info, proto.output)
              for info in part}
     modified = False
     values = [*graph.inputs, *graph.initializers.values(),
               *(out for node in graph for out in node.outputs)]
+    if keep_signature:
+        declared = {id(v) for v in (*graph.inputs, *graph.outputs)}
+        values = [v for v in values if id(v) not in declared]
     for value in values:
         inferred = types.get(value.name) if value.name else None
         if inferred is not None:
@@ -124,10 +129,10 @@ def _merge_inferred(graph: ir.Graph, proto: onnx.GraphProto) -> bool:
             if attr_proto is None:
                 continue
             if attr.type == ir.AttributeType.GRAPH:
-                modified |= _merge_inferred(attr.value, attr_proto.g)
+                modified |= merge_inferred_shapes(attr.value, attr_proto.g)
             else:
                 for sub, sub_proto in zip(attr.value, attr_proto.graphs, strict=False):
-                    modified |= _merge_inferred(sub, sub_proto)
+                    modified |= merge_inferred_shapes(sub, sub_proto)
     return modified
 
 
