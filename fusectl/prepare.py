@@ -78,13 +78,7 @@ def prepare(model: ir.Model, *, fold: bool = True) -> PrepareResult:
         # sqrt(head_dim)) fold only when the folder can see them. The folder's own
         # node-by-node inference is off: it costs ten times the folding itself, and one
         # whole-model inference afterwards types what folding created.
-        folded = fold_constants(
-            model,
-            onnx_shape_inference=False,
-            input_size_limit=FOLD_INPUT_LIMIT,
-            output_size_limit=FOLD_OUTPUT_LIMIT,
-            should_fold=_fold_constant_of_shape,
-        )
+        modified = _fold(model)
         _retype_folded_strings(model.graph)
         RemoveUnusedNodesPass()(model)
         # Constant nodes become initializers (what every peer does), equal weights one
@@ -97,9 +91,40 @@ def prepare(model: ir.Model, *, fold: bool = True) -> PrepareResult:
         merge_equal_initializers(model.graph)
         CommonSubexpressionEliminationPass()(model)
         RemoveUnusedNodesPass()(model)
-        if folded.modified:
+        if modified:
             shapes_inferred = infer_model_shapes(model) or shapes_inferred
     return PrepareResult(before - _count_nodes(model), shapes_inferred)
+
+
+SEQUENCE_REWRITE_OPS = frozenset({"ConcatFromSequence", "SplitToSequence"})
+"""Ops onnxscript's folder rewrites into opset-13 forms (Unsqueeze/Split with an axes or
+split input) whatever the model's opset."""
+SEQUENCE_REWRITE_OPSET = 13
+
+
+def _fold(model: ir.Model) -> bool:
+    """onnxscript's constant folding; True when it changed the model.
+
+    Skipped for models below opset 13 holding the sequence ops the folder would turn into
+    nodes their opset does not have. A folder crash on one node (onnxscript 0.7 raises on a
+    SplitToSequence with a run-time split) keeps what was folded before it: every
+    replacement the folder made is complete, so the graph is valid as it stands.
+    """
+    version = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 0))
+    if version < SEQUENCE_REWRITE_OPSET and any(
+            node.op_type in SEQUENCE_REWRITE_OPS and node.domain in ("", "ai.onnx")
+            for node in ir.traversal.RecursiveGraphIterator(model.graph)):
+        return False
+    try:
+        return fold_constants(
+            model,
+            onnx_shape_inference=False,
+            input_size_limit=FOLD_INPUT_LIMIT,
+            output_size_limit=FOLD_OUTPUT_LIMIT,
+            should_fold=_fold_constant_of_shape,
+        ).modified
+    except RuntimeError:
+        return True  # maybe modified: shapes are inferred again
 
 
 def tidy(model: ir.Model, created: Collection[str] = ()) -> None:

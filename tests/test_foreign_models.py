@@ -480,20 +480,17 @@ def test_shared_weight_with_two_consumers(tmp_path: Path, second: str) -> None:
 # ---------------------------------------------------- regressions found by the full sweep
 
 
-@pytest.mark.xfail(strict=True, reason="engine (prepare: onnxscript's constant folding of "
-                   "sequence ops) writes opset-13 Unsqueeze/Split with an axes/split input "
-                   "into an opset-12 model; repro /tmp/repro/sequence_folding.py")
 @pytest.mark.parametrize("name", ["test_sequence_model5", "test_sequence_model8"])
 def test_sequence_folding_respects_the_model_opset(tmp_path: Path, name: str) -> None:
+    """onnxscript's folder turns sequence ops into opset-13 Unsqueeze/Split whatever the
+    model's opset; below 13 such models are not folded."""
     result = fusectl.optimize(DATA / "simple" / name / "model.onnx", rules=[], check=False)
     save_model(result.model, tmp_path / "o.onnx")
     onnx.checker.check_model(onnx.load(tmp_path / "o.onnx"))
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError, reason="engine (prepare: constant "
-                   "folding) crashes on SplitToSequence with a runtime split input; repro "
-                   "/tmp/repro/sequence_folding.py")
 def test_split_to_sequence_with_a_runtime_split(tmp_path: Path) -> None:
+    """onnxscript's folder raises on this node; preparation keeps the model as it was."""
     model = onnx.parser.parse_model("""
         <ir_version: 10, opset_import: ["" : 21]>
         g (float[3,6] data, int64 split) => (seq(float[]) seq) {
