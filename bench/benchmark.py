@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
 import json
 import os
 import platform
+import subprocess
 import sys
 import tempfile
 import time
@@ -97,6 +99,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def code_fingerprint() -> dict:
+    """The commit and a hash of fusectl/ and rules/ as they are on disk: recorded at the
+    start and the end, so a run that spanned an edit says so (each tool run imports the
+    checkout afresh)."""
+    root = Path(__file__).resolve().parent.parent
+    digest = hashlib.sha256()
+    for path in sorted([*root.glob("fusectl/**/*.py"), *root.glob("rules/*.yaml")]):
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+                                capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = ""
+    return {"commit": commit or "unknown", "tree": digest.hexdigest()[:12]}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import suite  # torch, onnx-ir, fusectl: imported once the arguments are known good
@@ -105,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "machine": suite.machine(), "python": platform.python_version(),
-            "versions": suite.compare.versions(),
+            "versions": suite.compare.versions(), "code": code_fingerprint(),
             "config": {"quick": args.quick, "reps": args.reps, "tools": args.tools,
                        "once_tools": args.once_tools, "levels": args.levels,
                        "latency": args.latency, "scale": args.scale,
@@ -137,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
             data["profile"] = suite.profiles(data["models"], by_name, largest, say)
     meta["machine"]["load_after"] = os.getloadavg()[0]
     meta["seconds"] = time.perf_counter() - started
+    meta["code_after"] = code_fingerprint()
     results.print_tables(data, console)
     text = json.dumps(data, indent=1)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")

@@ -305,6 +305,17 @@ def markdown_table(table: Table) -> list[str]:
     return [*lines, ""]
 
 
+def _code_lines(meta: dict) -> list[str]:
+    code, after = meta.get("code"), meta.get("code_after")
+    if not code:
+        return []
+    line = f"- Code: commit {code['commit']}, fusectl/ + rules/ tree {code['tree']}"
+    if after and after != code:
+        line += (f" at the start, commit {after['commit']} tree {after['tree']} at the end: "
+                 "**the code changed during the run; results mix both**")
+    return [line]
+
+
 def machine_lines(meta: dict) -> list[str]:
     machine = meta["machine"]
     versions = ", ".join(f"{k} {v}" for k, v in meta["versions"].items())
@@ -317,6 +328,7 @@ def machine_lines(meta: dict) -> list[str]:
         f"{machine['load_before']:.1f} at the start, {machine.get('load_after', 0):.1f} at the "
         "end (the machine is shared: read medians and min–max, not single runs)",
         f"- Python {meta['python']}; {versions}",
+        *_code_lines(meta),
         f"- Tool speed: {config['reps']} runs per tool and model, each a fresh process; "
         f"latency: onnxruntime CPU, intra_op_num_threads=1, inter_op_num_threads=1, "
         f"sequential, {config['latency']['warmup']} warm-up rounds at most and "
