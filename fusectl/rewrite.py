@@ -160,6 +160,7 @@ def apply_rules(
         # Ops present per graph (only grows): a rule none of whose root ops is present is
         # not run over the graph at all, so cost is not rules x nodes.
         present = {id(g): {(n.domain, n.op_type) for n in g} for g in graphs}
+        indexes = {id(g): _OpIndex(g) for g in graphs}
         for rule in active:
             roots = rule.root_ops
             for graph in graphs:
@@ -180,12 +181,14 @@ def apply_rules(
                             _apply(model, graph, rewrite, names, pass_number, dims)
                         )
                         ops.update((n.domain, n.op_type) for n in rewrite.new_nodes)
+                        indexes[id(graph)].invalidate()
                         fired += 1
                     continue
                 cap = len(graph) + 1
                 count = 0
-                for node in graph:
-                    if (node.domain, node.op_type) not in roots or node.graph is not graph:
+                candidates = indexes[id(graph)].nodes_of(roots)
+                for node in candidates:
+                    if node.graph is not graph:  # removed by an earlier application
                         continue
                     if count >= cap:
                         capped.add(rule.id)
@@ -203,6 +206,10 @@ def apply_rules(
                         _apply(model, graph, rewrite, names, pass_number, dims)
                     )
                     ops.update((n.domain, n.op_type) for n in rewrite.new_nodes)
+                    # New nodes this rule may root at are visited in this pass too.
+                    candidates.extend(n for n in rewrite.new_nodes
+                                      if (n.domain, n.op_type) in roots)
+                    indexes[id(graph)].invalidate()
                     count += 1
                     fired += 1
         if not fired:
@@ -219,6 +226,36 @@ def apply_rules(
         converged,
         tuple(r.id for r in active),
     )
+
+
+class _OpIndex:
+    """The nodes of one graph by (domain, op_type), in graph order: a rule visits only the
+    nodes it can be rooted at instead of scanning the whole graph (260 rules over a
+    100k-node graph). Rebuilt on first use after an application changed the graph."""
+
+    def __init__(self, graph: ir.Graph | ir.Function) -> None:
+        self.graph = graph
+        self._by_op: dict[tuple[str, str], list[ir.Node]] | None = None
+        self._position: dict[int, int] = {}
+
+    def invalidate(self) -> None:
+        self._by_op = None
+
+    def nodes_of(self, ops: frozenset[tuple[str, str]]) -> list[ir.Node]:
+        """A fresh list of the nodes with one of ``ops``, in graph order."""
+        if self._by_op is None:
+            by_op: dict[tuple[str, str], list[ir.Node]] = {}
+            for node in self.graph:
+                by_op.setdefault((node.domain, node.op_type), []).append(node)
+            self._by_op = by_op
+            self._position = {}
+        lists = [self._by_op[op] for op in ops if op in self._by_op]
+        if len(lists) <= 1:
+            return list(lists[0]) if lists else []
+        if not self._position:
+            self._position = {id(n): i for i, n in enumerate(self.graph)}
+        position = self._position
+        return sorted(itertools.chain.from_iterable(lists), key=lambda n: position[id(n)])
 
 
 def _reject(rejections: dict[str, list[Rejection]], rule_id: str, node: ir.Node,
