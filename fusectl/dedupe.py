@@ -43,14 +43,22 @@ def merge_equal_initializers(graph: ir.Graph, *, max_bytes: int = MAX_BYTES) -> 
     those of equal hash.
     """
     by_layout: dict[tuple[object, ...], list[ir.Value]] = defaultdict(list)
+    small: dict[tuple[object, ...], list[ir.Value]] = defaultdict(list)
     for value in graph.initializers.values():
         tensor = value.const_value
-        if tensor is None or value.is_graph_input() or value.is_graph_output() \
-                or tensor.nbytes > max_bytes:
+        if tensor is None or value.is_graph_input() or value.is_graph_output():
+            continue
+        layout = _small_layout(value, max_bytes)
+        if layout is not None:  # the whole content is the key: no sampling, no hashing
+            small[(*layout, tensor.tobytes())].append(value)
+            continue
+        if tensor.nbytes > max_bytes:
             continue
         by_layout[(tensor.dtype, tuple(tensor.shape))].append(value)
 
     merged = 0
+    for values in _groups_of_two_or_more(small.values()):
+        merged += _merge_into_first(graph, values)
     for values in _groups_of_two_or_more(by_layout.values()):
         by_sample: dict[bytes, list[ir.Value]] = defaultdict(list)
         for value in values:
@@ -76,6 +84,35 @@ def _merge_identical(graph: ir.Graph, values: list[ir.Value]) -> int:
         graph.initializers.pop(value.name)
         merged += 1
     return merged
+
+
+def _small_layout(value: ir.Value, max_bytes: int) -> tuple[object, ...] | None:
+    """(dtype, shape) of a numeric tensor below 2 x SAMPLE_BYTES (and max_bytes) in memory, read
+    from the tensor itself, or None. Most initializers are small (norm scales, biases,
+    shape constants): they are keyed by their bytes directly, a hundredth of the cost."""
+    tensor = value.const_value
+    if tensor is None or isinstance(tensor, ir.ExternalTensor):
+        return None
+    dtype = tensor.dtype
+    if dtype == ir.DataType.STRING or dtype.itemsize is None:
+        return None
+    shape = tuple(tensor.shape)
+    size = 1
+    for dim in shape:
+        size *= dim
+    if size * dtype.itemsize >= min(2 * SAMPLE_BYTES, max_bytes + 1):
+        return None
+    return dtype, shape
+
+
+def _merge_into_first(graph: ir.Graph, values: list[ir.Value]) -> int:
+    """Values known equal (same dtype, shape and bytes): all uses go to the first."""
+    first = values[0]
+    for value in values[1:]:
+        value.replace_all_uses_with(first)
+        assert value.name is not None  # initializers are named
+        graph.initializers.pop(value.name)
+    return len(values) - 1
 
 
 def _groups_of_two_or_more(groups: Iterable[list[ir.Value]]) -> Iterable[list[ir.Value]]:

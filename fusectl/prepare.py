@@ -79,8 +79,8 @@ def prepare(model: ir.Model, *, fold: bool = True) -> PrepareResult:
         # node-by-node inference is off: it costs ten times the folding itself, and one
         # whole-model inference afterwards types what folding created.
         modified = _fold(model)
-        _retype_folded_strings(model.graph)
-        RemoveUnusedNodesPass()(model)
+        if modified:
+            _retype_folded_strings(model.graph)
         # Constant nodes become initializers (what every peer does), equal weights one
         # initializer, and identical nodes computing the same value are merged (onnxruntime's
         # basic level and onnx-simplifier do). Safe below IR 4 too: the caller detached the
@@ -90,7 +90,7 @@ def prepare(model: ir.Model, *, fold: bool = True) -> PrepareResult:
         LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0)(model)
         merge_equal_initializers(model.graph)
         CommonSubexpressionEliminationPass()(model)
-        RemoveUnusedNodesPass()(model)
+        RemoveUnusedNodesPass()(model)  # what folding and merging left unread, dead nodes
         if modified:
             shapes_inferred = infer_model_shapes(model) or shapes_inferred
     return PrepareResult(before - _count_nodes(model), shapes_inferred)
