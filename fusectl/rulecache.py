@@ -70,7 +70,9 @@ def cache_dir() -> Path | None:
 def _key(path: Path, data: bytes) -> str:
     digest = hashlib.sha256()
     digest.update(_parser_fingerprint().encode())
-    digest.update(str(path.resolve()).encode("utf-8", "surrogateescape") + b"\0")
+    # The path as given too: rules remember it for their messages (file:line).
+    for name in (str(path.resolve()), str(path)):
+        digest.update(name.encode("utf-8", "surrogateescape") + b"\0")
     digest.update(data)
     return digest.hexdigest()[:40]
 
