@@ -131,12 +131,12 @@ def tidy(model: ir.Model, created: Collection[str] = ()) -> None:
     """Merge the duplicates rewrites create: three projections of one LayerNorm output
     each get their own Reshape to 2-D (and their own shape constant) when they become
     Gemms; one is enough. Only the small constants named in ``created`` are compared by
-    content (equal weights the model already had are its own business). Then shapes are
-    inferred again, for the traffic model."""
-    if model.ir_version >= LEGACY_IR_VERSION:
-        _merge_equal_constants(model.graph, created)
-        CommonSubexpressionEliminationPass()(model)
-        RemoveUnusedNodesPass()(model)
+    content (the model's own were merged by ``prepare``). Below IR 4 too, as in
+    ``prepare``: legacy initializer inputs are listed again only after this. Then shapes
+    are inferred again, for the traffic model."""
+    _merge_equal_constants(model.graph, created)
+    CommonSubexpressionEliminationPass()(model)
+    RemoveUnusedNodesPass()(model)
     # New nodes were typed one by one; where that left a dtype or a dimension unknown
     # (a shape computed at run time), the whole model sees more.
     if _has_unknown_shapes(model.graph):
