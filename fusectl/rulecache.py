@@ -32,16 +32,17 @@ MAX_ENTRIES = 256
 _PARSER_MODULES = ("rulefile", "statements", "expr", "errors", "targets")
 
 
-def cached(path: Path, data: bytes, parse: Callable[[], Any]) -> Any:
+def cached(path: Path, data: bytes, parse: Callable[[], Any],
+           valid: Callable[[Any], bool] = lambda value: True) -> Any:
     """``parse()``'s result for the rule file ``path`` holding ``data``, from the cache
-    when an entry exists, else parsed and stored. Errors raised by ``parse`` are not
-    cached (a broken rule file is reported every time)."""
+    when an entry exists (and ``valid`` accepts what it holds), else parsed and stored.
+    Errors raised by ``parse`` are not cached (a broken rule file is reported every time)."""
     folder = cache_dir()
     if folder is None:
         return parse()
     entry = folder / f"{_key(path, data)}.pickle"
     loaded = _read(entry)
-    if loaded is not None:
+    if loaded is not None and valid(loaded):
         return loaded
     result = parse()
     _write(folder, entry, result)
@@ -97,14 +98,16 @@ def _private(info: os.stat_result, *, directory: bool = False) -> bool:
 
 
 def _read(entry: Path) -> Any:
+    """The entry's value, or None. The checks are made on the opened file (no symlink
+    followed), so the file cannot be swapped between the check and the read."""
     try:
-        info = entry.lstat()
+        fd = os.open(entry, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     except OSError:
         return None
-    if not _private(info):
-        return None
     try:
-        with entry.open("rb") as handle:
+        with os.fdopen(fd, "rb") as handle:
+            if not _private(os.fstat(handle.fileno())):
+                return None
             return pickle.load(handle)
     except Exception:  # noqa: BLE001 - a corrupt entry is a cache miss
         return None

@@ -326,7 +326,11 @@ def load_rule_file(path: str | Path) -> list[Rule]:
     unreadable files are reported like other rule errors."""
     text = _read(Path(path))
     return rulecache.cached(Path(path), text.encode("utf-8"),
-                            lambda: load_rule_text(text, str(path)))
+                            lambda: load_rule_text(text, str(path)), _is_rule_list)
+
+
+def _is_rule_list(value: object) -> bool:
+    return isinstance(value, list) and all(isinstance(rule, Rule) for rule in value)
 
 
 def load_target_file(path: str | Path) -> tuple[TargetSpec, list[Rule]]:

@@ -143,3 +143,27 @@ def test_builtin_root_ops_match_the_compiled_patterns() -> None:
     for rule in rulefile.load_builtin_rules():
         compiled = CompiledRule(rule)
         assert compiled.root_ops == frozenset(compiled.variants_by_root), rule.id
+
+
+def test_an_entry_holding_something_else_is_a_miss(cache: Path, tmp_path: Path) -> None:
+    """A private entry that unpickles to something other than rules (an old format, a
+    planted list) is not used."""
+    path = _rule_file(tmp_path)
+    rulefile.load_rule_file(path)
+    (entry,) = cache.glob("*.pickle")
+    entry.write_bytes(pickle.dumps(["planted"]))
+    entry.chmod(0o600)
+    assert [r.id for r in rulefile.load_rule_file(path)] == ["relu-twice"]
+
+
+def test_a_symlinked_entry_is_not_followed(cache: Path, tmp_path: Path) -> None:
+    path = _rule_file(tmp_path)
+    rulefile.load_rule_file(path)
+    (entry,) = cache.glob("*.pickle")
+    planted = rulefile.load_rule_text(RULE.replace("relu-twice", "planted"), "x.yaml")
+    elsewhere = tmp_path / "elsewhere.pickle"
+    elsewhere.write_bytes(pickle.dumps(planted))  # valid rules: only the link check stops it
+    elsewhere.chmod(0o600)
+    entry.unlink()
+    entry.symlink_to(elsewhere)
+    assert [r.id for r in rulefile.load_rule_file(path)] == ["relu-twice"]
