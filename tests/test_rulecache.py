@@ -89,26 +89,6 @@ def test_a_broken_file_is_reported_every_time_and_not_cached(cache: Path,
     assert not list(cache.glob("*.pickle"))
 
 
-def test_an_entry_others_may_write_is_not_read(cache: Path, tmp_path: Path,
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    path = _rule_file(tmp_path)
-    rulefile.load_rule_file(path)
-    (entry,) = cache.glob("*.pickle")
-    # Someone else's pickle would run their code: plant a different payload, make the
-    # entry group-writable, and check it is ignored (the file is parsed instead).
-    entry.write_bytes(pickle.dumps(["planted"]))
-    entry.chmod(0o664)
-    assert [r.id for r in rulefile.load_rule_file(path)] == ["relu-twice"]
-
-
-def test_a_corrupt_entry_is_a_miss(cache: Path, tmp_path: Path) -> None:
-    path = _rule_file(tmp_path)
-    rulefile.load_rule_file(path)
-    (entry,) = cache.glob("*.pickle")
-    entry.write_bytes(b"\x80\x05not a pickle")
-    assert [r.id for r in rulefile.load_rule_file(path)] == ["relu-twice"]
-
-
 def test_the_cache_can_be_turned_off(cache: Path, tmp_path: Path,
                                      monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(rulecache.DISABLE_ENV, "1")
@@ -145,25 +125,51 @@ def test_builtin_root_ops_match_the_compiled_patterns() -> None:
         assert compiled.root_ops == frozenset(compiled.variants_by_root), rule.id
 
 
-def test_an_entry_holding_something_else_is_a_miss(cache: Path, tmp_path: Path) -> None:
-    """A private entry that unpickles to something other than rules (an old format, a
-    planted list) is not used."""
+def _cached_entry(cache: Path, tmp_path: Path) -> tuple[Path, Path]:
+    """A rule file, loaded once, and its cache entry."""
     path = _rule_file(tmp_path)
     rulefile.load_rule_file(path)
     (entry,) = cache.glob("*.pickle")
-    entry.write_bytes(pickle.dumps(["planted"]))
-    entry.chmod(0o600)
-    assert [r.id for r in rulefile.load_rule_file(path)] == ["relu-twice"]
+    return path, entry
+
+
+def _planted_rules() -> bytes:
+    """A pickle of valid rules with another id: read, it would replace the file's rules."""
+    return pickle.dumps(rulefile.load_rule_text(RULE.replace("relu-twice", "planted"), "x.yaml"))
+
+
+def _ids(path: Path) -> list[str]:
+    return [rule.id for rule in rulefile.load_rule_file(path)]
+
+
+def test_a_private_entry_is_what_is_read(cache: Path, tmp_path: Path) -> None:
+    """The control for the tests below: a private entry is used as it is."""
+    path, entry = _cached_entry(cache, tmp_path)
+    entry.write_bytes(_planted_rules())
+    assert _ids(path) == ["planted"]
+
+
+def test_an_entry_others_may_write_is_not_read(cache: Path, tmp_path: Path) -> None:
+    """Someone else's pickle would run their code: a group-writable entry is ignored."""
+    path, entry = _cached_entry(cache, tmp_path)
+    entry.write_bytes(_planted_rules())
+    entry.chmod(0o664)
+    assert _ids(path) == ["relu-twice"]
 
 
 def test_a_symlinked_entry_is_not_followed(cache: Path, tmp_path: Path) -> None:
-    path = _rule_file(tmp_path)
-    rulefile.load_rule_file(path)
-    (entry,) = cache.glob("*.pickle")
-    planted = rulefile.load_rule_text(RULE.replace("relu-twice", "planted"), "x.yaml")
+    path, entry = _cached_entry(cache, tmp_path)
     elsewhere = tmp_path / "elsewhere.pickle"
-    elsewhere.write_bytes(pickle.dumps(planted))  # valid rules: only the link check stops it
+    elsewhere.write_bytes(_planted_rules())
     elsewhere.chmod(0o600)
     entry.unlink()
     entry.symlink_to(elsewhere)
-    assert [r.id for r in rulefile.load_rule_file(path)] == ["relu-twice"]
+    assert _ids(path) == ["relu-twice"]
+
+
+@pytest.mark.parametrize("payload", [b"\x80\x05not a pickle", pickle.dumps(["planted"])],
+                         ids=["corrupt", "not-rules"])
+def test_an_unusable_entry_is_a_miss(cache: Path, tmp_path: Path, payload: bytes) -> None:
+    path, entry = _cached_entry(cache, tmp_path)
+    entry.write_bytes(payload)
+    assert _ids(path) == ["relu-twice"]
