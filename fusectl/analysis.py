@@ -30,7 +30,6 @@ __all__ = [
     "REPORT_SCHEMA",
     "ModelReport",
     "RuleSummary",
-    "application_dict",
     "report_document",
     "report_model",
 ]
@@ -161,22 +160,6 @@ def _target_name(spec: str | Path | Target, active: Target) -> str:
 # --------------------------------------------------------------------------- JSON view
 
 
-def application_dict(app: Application) -> dict[str, Any]:
-    """One rule application as in the optimize report's ``applications[]``."""
-    return {
-        "rule": app.rule_id,
-        "graph": app.graph,
-        "matched": list(app.matched),
-        "matched_ops": list(app.matched_ops),
-        "created": list(app.created),
-        "created_ops": list(app.created_ops),
-        "initializers": list(app.initializers),
-        "bytes_before": app.bytes_before,
-        "bytes_after": app.bytes_after,
-        "bytes_saved": app.bytes_saved,
-    }
-
-
 def _round(value: float | None, digits: int = 6) -> float | None:
     return None if value is None else float(f"{value:.{digits}g}")
 
@@ -282,6 +265,6 @@ def report_document(report: ModelReport) -> dict[str, Any]:
             "passes": rewrite.passes,
             "converged": rewrite.converged,
         },
-        "applications": [application_dict(app) for app in rewrite.applications],
+        "applications": [app.to_dict() for app in rewrite.applications],
     }
 

@@ -12,6 +12,7 @@ import os
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console
@@ -20,6 +21,9 @@ from rich.text import Text
 from . import __version__
 from .errors import BadInputError, CheckFailedError, FusectlError, RuleFileError
 from .gcpolicy import fewer_collections
+
+if TYPE_CHECKING:
+    from .validate import ValidationOptions
 
 _stdout = Console(highlight=False)
 _stderr = Console(stderr=True, highlight=False)
@@ -71,6 +75,57 @@ def _status(quiet: bool) -> Iterator[object]:
         yield lambda message: status.update(message)
 
 
+def _with_options(options: list):
+    """Apply a shared list of click options to a command."""
+    def apply(function):
+        for option in reversed(options):
+            function = option(function)
+        return function
+    return apply
+
+
+_RULE_SELECTION = [
+    click.option("--rules", "rule_paths", multiple=True, type=click.Path(path_type=Path),
+                 help="Rule file or folder, added to the built-in library (repeatable)."),
+    click.option("--no-builtin-rules", is_flag=True, help="Use only the --rules files."),
+    click.option("--rule", "include", multiple=True, metavar="ID",
+                 help="Only rules whose id matches this glob (repeatable)."),
+    click.option("--skip-rule", "exclude", multiple=True, metavar="ID",
+                 help="Skip rules whose id matches this glob (repeatable)."),
+]
+"""Which rules run: optimize and report take the same options."""
+
+_INPUT_OPTIONS = [
+    click.option("--input", "input_files", multiple=True, metavar="NAME=FILE.npy",
+                 help="Validation input from a .npy file (repeatable)."),
+    click.option("--inputs", "inputs_npz", type=click.Path(exists=True),
+                 metavar="FILE.npz|DIR",
+                 help="Validation inputs from an .npz file or a folder of input_<N>.pb "
+                      "TensorProtos (onnx test_data_set layout)."),
+    click.option("--input-range", "input_ranges", multiple=True, metavar="NAME=LO:HI",
+                 help="Range for a generated input."),
+    click.option("--seed", default=0, show_default=True, help="Seed of generated inputs."),
+    click.option("--samples", default=1, show_default=True, type=click.IntRange(1, 1000),
+                 help="Number of input sets to compare on."),
+    click.option("--atol", type=click.FloatRange(0), help="Absolute tolerance (all outputs)."),
+    click.option("--rtol", type=click.FloatRange(0), help="Relative tolerance (all outputs)."),
+]
+"""The inputs and tolerances of a comparison on onnxruntime: optimize and diff."""
+
+
+def _validation_options(input_files: tuple[str, ...], inputs_npz: str | None,
+                        dims: dict[str, int], seed: int, samples: int,
+                        ranges: dict, rtol: float | None, atol: float | None
+                        ) -> ValidationOptions:
+    """The comparison settings from the command line (fusectl.validate is imported late:
+    it loads onnxruntime)."""
+    from .validate import ValidationOptions, load_input_files
+
+    given = load_input_files(input_files, inputs_npz) if (input_files or inputs_npz) else None
+    return ValidationOptions(inputs=given, dims=dims, seed=seed, samples=samples,
+                             input_ranges=ranges, rtol=rtol, atol=atol)
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="fusectl")
 def cli() -> None:
@@ -81,31 +136,14 @@ def cli() -> None:
 @click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
               help="Where to write the optimized model [default: MODEL.opt.onnx].")
-@click.option("--rules", "rule_paths", multiple=True, type=click.Path(path_type=Path),
-              help="Rule file or folder, added to the built-in library (repeatable).")
-@click.option("--no-builtin-rules", is_flag=True, help="Use only the --rules files.")
-@click.option("--rule", "include", multiple=True, metavar="ID",
-              help="Only rules whose id matches this glob (repeatable).")
-@click.option("--skip-rule", "exclude", multiple=True, metavar="ID",
-              help="Skip rules whose id matches this glob (repeatable).")
+@_with_options(_RULE_SELECTION)
 @click.option("--target", default="onnx", show_default=True, metavar="onnx|onnxruntime|FILE",
               help="onnx: standard ops only; onnxruntime: may emit its contrib ops; "
                    "FILE.yaml: a target file whose rules emit its fused kernels.")
 @click.option("--opset", type=click.IntRange(1, 99), help="Upgrade the model to this opset first.")
 @click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE",
               help="Bind a symbolic dimension (traffic model and generated inputs).")
-@click.option("--input", "input_files", multiple=True, metavar="NAME=FILE.npy",
-              help="Validation input from a .npy file (repeatable).")
-@click.option("--inputs", "inputs_npz", type=click.Path(exists=True), metavar="FILE.npz|DIR",
-              help="Validation inputs from an .npz file or a folder of input_<N>.pb "
-                   "TensorProtos (onnx test_data_set layout).")
-@click.option("--input-range", "input_ranges", multiple=True, metavar="NAME=LO:HI",
-              help="Range for a generated input.")
-@click.option("--seed", default=0, show_default=True, help="Seed of generated inputs.")
-@click.option("--samples", default=1, show_default=True, type=click.IntRange(1, 1000),
-              help="Number of input sets to validate with.")
-@click.option("--atol", type=click.FloatRange(0), help="Absolute tolerance (all outputs).")
-@click.option("--rtol", type=click.FloatRange(0), help="Relative tolerance (all outputs).")
+@_with_options(_INPUT_OPTIONS)
 @click.option("--no-validate", is_flag=True, help="Do not run the models on onnxruntime.")
 @click.option("--force", is_flag=True, help="Write the model even if validation fails.")
 @click.option("--allow-revert", is_flag=True,
@@ -154,7 +192,6 @@ def optimize(model: Path, output: Path | None, rule_paths: tuple[Path, ...],
     from .gates import Gates
     from .gates import evaluate as evaluate_gates
     from .targets import resolve_target
-    from .validate import ValidationOptions, load_input_files
 
     if in_place and output is not None:
         raise BadInputError("--in-place and -o/--output exclude each other")
@@ -176,9 +213,8 @@ def optimize(model: Path, output: Path | None, rule_paths: tuple[Path, ...],
     rules = api.load_rule_set(rule_paths, builtin=not no_builtin_rules, include=include,
                               exclude=exclude, target=active)
     gates.check_rules_exist(r.id for r in rules)
-    given = load_input_files(input_files, inputs_npz) if (input_files or inputs_npz) else None
-    options = ValidationOptions(inputs=given, dims=bound, seed=seed, samples=samples,
-                                input_ranges=ranges, rtol=rtol, atol=atol)
+    options = _validation_options(input_files, inputs_npz, bound, seed, samples, ranges,
+                                  rtol, atol)
     with report.validation_progress(_stderr, enabled=not quiet and _stderr.is_terminal) as say:
         result = api.optimize(model, rules=rules, target=active, opset=opset, dims=bound,
                               check=not no_validate, validation=options,
@@ -235,14 +271,6 @@ def _report_options(schema: str) -> list:
     ]
 
 
-def _with_options(options: list):
-    def apply(function):
-        for option in reversed(options):
-            function = option(function)
-        return function
-    return apply
-
-
 def _write_reports(document: dict, paths: dict[str, str | None]) -> None:
     """Render every requested format first (an unsupported one is bad usage and nothing is
     written), then write each file atomically."""
@@ -267,13 +295,7 @@ def _write_reports(document: dict, paths: dict[str, str | None]) -> None:
               default="direct", show_default=True,
               help="Convolution algorithm of the traffic model (im2col/indirect add their "
                    "work buffers).")
-@click.option("--rules", "rule_paths", multiple=True, type=click.Path(path_type=Path),
-              help="Rule file or folder, added to the built-in library (repeatable).")
-@click.option("--no-builtin-rules", is_flag=True, help="Use only the --rules files.")
-@click.option("--rule", "include", multiple=True, metavar="ID",
-              help="Only rules whose id matches this glob (repeatable).")
-@click.option("--skip-rule", "exclude", multiple=True, metavar="ID",
-              help="Skip rules whose id matches this glob (repeatable).")
+@_with_options(_RULE_SELECTION)
 @click.option("--target", default="onnx", show_default=True, metavar="onnx|onnxruntime|FILE",
               help="Target of the dry run, as for optimize.")
 @click.option("--opset", type=click.IntRange(1, 99), help="Upgrade the model to this opset first.")
@@ -323,17 +345,7 @@ def report_command(model: Path, device: str, conv_algo: str, rule_paths: tuple[P
 @click.option("--structural-only", is_flag=True, help="Compare structure only; run nothing.")
 @click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE",
               help="Bind a symbolic dimension (traffic model and generated inputs).")
-@click.option("--input", "input_files", multiple=True, metavar="NAME=FILE.npy",
-              help="Input from a .npy file (repeatable).")
-@click.option("--inputs", "inputs_npz", type=click.Path(dir_okay=False),
-              help="Inputs from an .npz file.")
-@click.option("--input-range", "input_ranges", multiple=True, metavar="NAME=LO:HI",
-              help="Range for a generated input.")
-@click.option("--seed", default=0, show_default=True, help="Seed of generated inputs.")
-@click.option("--samples", default=1, show_default=True, type=click.IntRange(1, 1000),
-              help="Number of input sets to compare on.")
-@click.option("--atol", type=click.FloatRange(0), help="Absolute tolerance (all outputs).")
-@click.option("--rtol", type=click.FloatRange(0), help="Relative tolerance (all outputs).")
+@_with_options(_INPUT_OPTIONS)
 @_with_options(_report_options("fusectl.diff/1"))
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors.")
 @click.option("-v", "--verbose", is_flag=True, help="List every changed node and initializer.")
@@ -348,7 +360,6 @@ def diff_command(model_a: Path, model_b: Path, structural_only: bool, dims: tupl
     from . import formats
     from .diff import diff_document, diff_models
     from .report_views import print_diff
-    from .validate import ValidationOptions, load_input_files
 
     bound = _parse_dims(dims)
     ranges = _parse_ranges(input_ranges)
@@ -356,9 +367,8 @@ def diff_command(model_a: Path, model_b: Path, structural_only: bool, dims: tupl
              "html": html_path}
     formats.check_paths(((f"--{kind}", path) for kind, path in paths.items()),
                         protected=(model_a, model_b))
-    given = load_input_files(input_files, inputs_npz) if (input_files or inputs_npz) else None
-    options = ValidationOptions(inputs=given, dims=bound, seed=seed, samples=samples,
-                                input_ranges=ranges, rtol=rtol, atol=atol)
+    options = _validation_options(input_files, inputs_npz, bound, seed, samples, ranges,
+                                  rtol, atol)
     with _status(quiet) as say:
         result = diff_models(model_a, model_b, structural_only=structural_only,
                              validation=options, dims=bound, progress=say)

@@ -60,14 +60,19 @@ def _fmt_float(value: float | None) -> str:
 # ------------------------------------------------------------------------ terminal
 
 
-def _table(title: str, columns: Iterable[str], rows: Iterable[Iterable[str]],
-           right: Iterable[str] = ()) -> Table:
-    right = set(right)
+Cell = str | Text
+
+
+def text_table(title: str, columns: Iterable[str], rows: Iterable[Iterable[Cell]],
+               right: Iterable[str] = ()) -> Table:
+    """A table whose string cells are literal text: node names and reasons may contain
+    ``[``, which rich would read as markup."""
+    aligned = set(right)
     table = Table(title=title, title_justify="left")
     for column in columns:
-        table.add_column(column, justify="right" if column in right else "left")
+        table.add_column(column, justify="right" if column in aligned else "left")
     for row in rows:
-        table.add_row(*row)
+        table.add_row(*(Text(cell) if isinstance(cell, str) else cell for cell in row))
     return table
 
 
@@ -82,7 +87,7 @@ def print_optimize(result: OptimizeResult, console: Console, *, verbose: bool = 
 
     counts, saved = rw.counts(), rw.saved_by_rule()
     if counts:
-        console.print(_table(
+        console.print(text_table(
             "Rules applied", ("rule", "applications", "bytes saved"),
             ((rule_id, str(count), human_bytes(saved[rule_id]))
              for rule_id, count in counts.items()),
@@ -96,11 +101,11 @@ def print_optimize(result: OptimizeResult, console: Console, *, verbose: bool = 
         console.print(f"[yellow]rules still fired after {rw.passes} passes; stopped there "
                       "(no fixed point)[/yellow]")
     if verbose and rw.skipped:
-        console.print(_table("Rules skipped", ("rule", "reason"), rw.skipped))
+        console.print(text_table("Rules skipped", ("rule", "reason"), rw.skipped))
     elif rw.skipped:
         console.print(f"{len(rw.skipped)} rules skipped for this model (--verbose lists why)")
     if verbose and rw.rejections:
-        console.print(_table("Matches refused by a condition", ("rule", "node", "reason"),
+        console.print(text_table("Matches refused by a condition", ("rule", "node", "reason"),
                              ((r.rule_id, r.node, r.reason) for r in rw.rejections)))
 
     ops = Table(title="Ops before -> after", title_justify="left")
@@ -132,7 +137,7 @@ def print_optimize(result: OptimizeResult, console: Console, *, verbose: bool = 
         console.print(f"[yellow]{ta.unknown_nodes} nodes have unknown shapes; their traffic is "
                       "partial (bind symbolic dims with --dim)[/yellow]")
     if verbose:
-        console.print(_table(
+        console.print(text_table(
             "Top nodes by traffic (after)", ("node", "op", "read", "written"),
             ((n.name, n.op_type, human_bytes(n.bytes_read), human_bytes(n.bytes_written))
              for n in ta.top(10)),
@@ -345,21 +350,7 @@ def optimize_json(result: OptimizeResult, *, output: str | None = None,
             "passes": rw.passes,
             "converged": rw.converged,
         },
-        "applications": [
-            {
-                "rule": app.rule_id,
-                "graph": app.graph,
-                "matched": list(app.matched),
-                "matched_ops": list(app.matched_ops),
-                "created": list(app.created),
-                "created_ops": list(app.created_ops),
-                "initializers": list(app.initializers),
-                "bytes_before": app.bytes_before,
-                "bytes_after": app.bytes_after,
-                "bytes_saved": app.bytes_saved,
-            }
-            for app in rw.applications
-        ],
+        "applications": [app.to_dict() for app in rw.applications],
         "ops": {"before": dict(result.ops_before), "after": dict(result.ops_after)},
         "nodes": {"before": result.nodes_before, "after": result.nodes_after},
         "constant_nodes_folded": result.prepared.folded_nodes,

@@ -14,7 +14,8 @@ from rich.text import Text
 
 from .analysis import ModelReport
 from .diff import DiffResult, SignatureDiff
-from .report import human_bytes
+from .report import Cell, human_bytes
+from .report import text_table as _table
 from .roofline import NodeRoofline
 from .validate import ValidationResult
 
@@ -35,21 +36,6 @@ def human_seconds(seconds: float) -> str:
 
 def _pct(part: float, whole: float) -> str:
     return f"{100.0 * part / whole:.1f}%" if whole else "0.0%"
-
-
-Cell = str | Text
-
-
-def _table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Cell]],
-           right: Iterable[str] = ()) -> Table:
-    """A table whose string cells are literal text: model names may contain ``[``."""
-    aligned = set(right)
-    table = Table(title=title, title_justify="left")
-    for column in columns:
-        table.add_column(column, justify="right" if column in aligned else "left")
-    for row in rows:
-        table.add_row(*(Text(cell) if isinstance(cell, str) else cell for cell in row))
-    return table
 
 
 def _intensity(value: float | None) -> str:

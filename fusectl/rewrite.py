@@ -14,6 +14,7 @@ import itertools
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass, TopologicalSortPass
@@ -45,6 +46,21 @@ class Application:
     @property
     def bytes_saved(self) -> int:
         return self.bytes_before - self.bytes_after
+
+    def to_dict(self) -> dict[str, Any]:
+        """As in the reports' ``applications[]`` (schemas/optimize.schema.json)."""
+        return {
+            "rule": self.rule_id,
+            "graph": self.graph,
+            "matched": list(self.matched),
+            "matched_ops": list(self.matched_ops),
+            "created": list(self.created),
+            "created_ops": list(self.created_ops),
+            "initializers": list(self.initializers),
+            "bytes_before": self.bytes_before,
+            "bytes_after": self.bytes_after,
+            "bytes_saved": self.bytes_saved,
+        }
 
 
 @dataclass(frozen=True)

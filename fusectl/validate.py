@@ -451,9 +451,9 @@ def generate_inputs(
             continue
         dtype, shape = _tensor_signature(value)
         dims = tuple(_resolve_dim(d, options.dims, bound) for d in shape)
-        result[name] = _generate(
+        result[name] = np.asarray(_generate(
             value, dtype, dims, rng, options.input_ranges.get(name), float_range or (-1.0, 1.0)
-        )
+        ))
     return result
 
 
@@ -536,7 +536,7 @@ def _generate(
     rng: np.random.Generator,
     value_range: tuple[float, float] | None,
     float_range: tuple[float, float],
-) -> np.ndarray:
+) -> np.ndarray | np.generic:
     name = value.name or ""
     if dtype == ir.DataType.UNDEFINED:
         raise BadInputError(f"cannot generate input {name!r}: its element type is undefined")
@@ -547,18 +547,6 @@ def _generate(
             f"more than {MAX_GENERATED_ELEMENTS:,}); give it with --input or bind smaller dims "
             "with --dim"
         )
-    return np.asarray(_generated(value, dtype, shape, rng, value_range, float_range))
-
-
-def _generated(
-    value: ir.Value,
-    dtype: ir.DataType,
-    shape: tuple[int, ...],
-    rng: np.random.Generator,
-    value_range: tuple[float, float] | None,
-    float_range: tuple[float, float],
-) -> np.ndarray | np.generic:
-    name = value.name or ""
     np_dtype = dtype.numpy()
     if value_range is not None:
         lo, hi = float(value_range[0]), float(value_range[1])

@@ -722,15 +722,22 @@ def test_error_histogram_buckets_by_decade():
     assert v.comparison_to_dict(out)["error_histogram"] == counts
 
 
-def test_reference_outputs_are_reused_for_many_candidates(monkeypatch):
-    created: list[object] = []
+@pytest.fixture
+def session_sources(monkeypatch) -> list[object]:
+    """What each onnxruntime session is created from, in order."""
+    sources: list[object] = []
     real = onnxruntime.InferenceSession
 
     def spy(source, *args, **kwargs):
-        created.append(source)
+        sources.append(source)
         return real(source, *args, **kwargs)
 
     monkeypatch.setattr(onnxruntime, "InferenceSession", spy)
+    return sources
+
+
+def test_reference_outputs_are_reused_for_many_candidates(session_sources):
+    created = session_sources
     reference = v.run_reference(add_const("0.0, 1.0, 2.0"), v.ValidationOptions(samples=2))
     good = v.check_candidate(reference, add_const("0.0, 1.0, 2.0"))
     bad = v.check_candidate(reference, add_const("0.0, 1.0, 9.0"))
@@ -782,21 +789,13 @@ def test_api_validates_token_ids_and_flags_nondeterminism():
     assert result.validation.input_shapes == {"input_ids": (1, 64)}
 
 
-def test_external_data_models_are_loaded_from_disk(tmp_path, samples, monkeypatch):
+def test_external_data_models_are_loaded_from_disk(tmp_path, samples, session_sources):
     import fusectl
 
     path = tmp_path / "cnn.onnx"
     ir.save(ir.load(samples / "cnn.onnx"), path, external_data="cnn.data")
-    sources: list[object] = []
-    real = onnxruntime.InferenceSession
-
-    def spy(source, *args, **kwargs):
-        sources.append(source)
-        return real(source, *args, **kwargs)
-
-    monkeypatch.setattr(onnxruntime, "InferenceSession", spy)
     assert fusectl.optimize(path).passed
-    reference, candidate = sources
+    reference, candidate = session_sources
     assert reference == str(path)  # onnxruntime reads the user's files itself
     assert isinstance(candidate, str) and candidate.endswith("model.onnx")  # a temp file
 
