@@ -268,3 +268,15 @@ def test_dim_binds_the_batch(capsys, tmp_path: Path, samples: Path) -> None:
     # Relu on [N,16,32,32] floats reads and writes N*65536 bytes; unbound N counts as 1
     assert [r["bytes"] for r in relu] == [2 * 65536, 2 * 2 * 65536]
     assert (one["dims"], two["dims"]) == ({}, {"N": 2})
+
+
+def test_table_cells_are_literal_text() -> None:
+    """Node names and reasons may hold '[': rich must not read them as markup."""
+    from rich.console import Console
+
+    from fusectl.report import text_table
+
+    console = Console(record=True, width=80, color_system=None)
+    console.print(text_table("t", ("node", "reason"), [("conv[red]1[/red]", "pads [1, 1]")]))
+    shown = console.export_text()
+    assert "conv[red]1[/red]" in shown and "pads [1, 1]" in shown
