@@ -484,7 +484,8 @@ def load_model(path: str | Path) -> ir.Model:
         raise _bad(p, f"not a valid ONNX model ({_one_line(cause)})") from None
     if inferred is not None:
         merge_inferred_shapes(model.graph, inferred.graph, keep_signature=True)
-    _set_base_dir(model, base_dir)
+    if data_files:  # walking every tensor of a model without external data finds nothing
+        _set_base_dir(model, base_dir)
     model.meta[_META_HAD_EXTERNAL] = bool(data_files)
     model.meta[_META_SOURCE_DATA_FILES] = frozenset(data_files)
     return model
