@@ -124,14 +124,20 @@ def select_rules(
     rules: Sequence[Rule],
     include: Iterable[str] = (),
     exclude: Iterable[str] = (),
+    *,
+    opt_in: bool = False,
 ) -> list[Rule]:
-    """Keep rules whose id matches any ``include`` glob (all if none) and no ``exclude`` glob."""
+    """Keep rules whose id matches any ``include`` glob (all if none) and no ``exclude`` glob.
+    An opt-in rule is kept only when an ``include`` glob names it, or with ``opt_in`` (rule
+    listings and rule tests see every rule)."""
     include, exclude = list(include), list(exclude)
-    chosen = [
-        r for r in rules
-        if (not include or any(fnmatch.fnmatchcase(r.id, g) for g in include))
-        and not any(fnmatch.fnmatchcase(r.id, g) for g in exclude)
-    ]
+
+    def included(rule: Rule) -> bool:
+        named = any(fnmatch.fnmatchcase(rule.id, g) for g in include)
+        return named or (not include and (opt_in or not rule.opt_in))
+
+    chosen = [r for r in rules
+              if included(r) and not any(fnmatch.fnmatchcase(r.id, g) for g in exclude)]
     for pattern in include:
         if not any(fnmatch.fnmatchcase(r.id, pattern) for r in rules):
             raise BadInputError(f"--rule {pattern!r} matches no rule")
@@ -146,9 +152,11 @@ def load_rule_set(
     include: Iterable[str] = (),
     exclude: Iterable[str] = (),
     target: str | Path | Target = "onnx",
+    opt_in: bool = False,
 ) -> list[CompiledRule]:
     """Built-in rules (unless disabled), user rule files/folders, then the target file's
-    rules (they run last, on what the standard fusions left), selected and compiled."""
+    rules (they run last, on what the standard fusions left), selected and compiled.
+    Opt-in rules come only when ``include`` names them or ``opt_in`` is set."""
     builtin_paths = builtin_rule_paths() if builtin else []
     all_paths: list[str | Path] = list(builtin_paths)
     for path in paths:
@@ -160,7 +168,7 @@ def load_rule_set(
     clash = {r.id for r in rules} & {r.id for r in extra}
     if clash:
         raise BadInputError(f"target file redefines rule(s) {', '.join(sorted(clash))}")
-    selected = select_rules([*rules, *extra], include, exclude)
+    selected = select_rules([*rules, *extra], include, exclude, opt_in=opt_in)
     # The built-in library is tested rule by rule: its patterns are built on first use.
     builtin_files = {str(f) for folder in builtin_paths for f in rule_files(folder)}
     return compile_rules(selected, lazy=[r for r in selected if r.file in builtin_files])

@@ -392,14 +392,14 @@ def rules() -> None:
 def _rule_set(paths: Sequence[Path], builtin: bool) -> list:
     from .api import load_rule_set
 
-    return load_rule_set(paths, builtin=builtin)
+    return load_rule_set(paths, builtin=builtin, opt_in=True)
 
 
 @rules.command("list")
 @click.option("--rules", "rule_paths", multiple=True, type=click.Path(path_type=Path))
 @click.option("--no-builtin-rules", is_flag=True)
 def rules_list(rule_paths: tuple[Path, ...], no_builtin_rules: bool) -> None:
-    """List rules: id, opset range, target and summary."""
+    """List rules: id, opset range, target and summary (opt-in rules say why they are off)."""
     from rich.table import Table
 
     table = Table()
@@ -407,8 +407,12 @@ def rules_list(rule_paths: tuple[Path, ...], no_builtin_rules: bool) -> None:
         table.add_column(col)
     for rule in _rule_set(rule_paths, not no_builtin_rules):
         opsets = ", ".join(f"{d or 'ai.onnx'} {r.text}" for d, r in rule.rule.when.opsets)
-        table.add_row(rule.id, opsets or "any", ", ".join(rule.rule.when.targets),
-                      str(len(rule.rule.tests)), rule.rule.summary)
+        summary = rule.rule.summary
+        if rule.rule.opt_in:
+            summary = f"opt-in (--rule {rule.id}): {rule.rule.opt_in}. {summary}"
+        table.add_row(*(Text(cell) for cell in (
+            rule.id, opsets or "any", ", ".join(rule.rule.when.targets),
+            str(len(rule.rule.tests)), summary)))
     _stdout.print(table)
 
 
@@ -426,6 +430,8 @@ def rules_show(rule_id: str, rule_paths: tuple[Path, ...]) -> None:
 
         show(rule.id, f"  ({rule.source})")
         _stdout.print(rule.summary, markup=False)
+        if rule.opt_in:
+            show("opt-in", f" (runs only when --rule names it): {rule.opt_in}")
         if rule.group is not None:
             show("group", f" shared={rule.group.shared} min={rule.group.min_size} key="
                           f"{[k.source for k in rule.group.key]}")
@@ -457,7 +463,7 @@ def rules_lint(paths: tuple[Path, ...]) -> None:
     from .api import load_rule_set
     from .ruletest import lint_tests
 
-    compiled = load_rule_set(paths, builtin=False)
+    compiled = load_rule_set(paths, builtin=False, opt_in=True)
     problems = lint_tests(compiled)
     if problems:
         raise RuleFileError([(None, p) for p in problems])
@@ -485,7 +491,7 @@ def rules_test(paths: tuple[Path, ...], include: tuple[str, ...], seed: int,
     report_paths = {"junit": junit_path, "markdown": markdown_path}
     formats.check_paths(((f"--{kind}", path) for kind, path in report_paths.items()),
                         protected=paths)
-    compiled = load_rule_set(paths, builtin=not paths, include=include)
+    compiled = load_rule_set(paths, builtin=not paths, include=include, opt_in=True)
     total = sum(len(r.rule.tests) for r in compiled)
     with Progress(console=_stderr, transient=True, disable=not _stderr.is_terminal) as bar:
         task = bar.add_task("rule tests", total=total)

@@ -175,6 +175,9 @@ class Rule:
     kept: tuple[str, ...] = ()
     """Intermediates of the match that ``replace`` produces again (e.g. the residual sum a
     skip-norm kernel also writes): they may have consumers outside the match."""
+    opt_in: str = ""
+    """Why the rule is off unless selected by name (``--rule``): e.g. a fused kernel measured
+    slower than the ops it replaces on the runtime people mostly deploy on. Empty: on."""
 
     @property
     def source(self) -> SourceSpan:
@@ -484,7 +487,7 @@ def _target(node: _Node | None, problems: _Problems) -> TargetSpec | None:
 
 
 _RULE_KEYS = ("id", "summary", "when", "match", "where", "let", "replace", "tests",
-              "group", "merge", "fuse")
+              "group", "merge", "fuse", "opt_in")
 
 
 def _load_rule(node: _Node, problems: _Problems, target: TargetSpec | None = None
@@ -499,6 +502,8 @@ def _load_rule(node: _Node, problems: _Problems, target: TargetSpec | None = Non
     if rule_id != "?" and not RULE_ID.fullmatch(rule_id):
         problems.add(keys["id"].line, f"rule id {rule_id!r} must be lowercase-kebab-case")
     summary = _string(keys.get("summary"), "summary", problems) or ""
+    opt_in = _string(keys.get("opt_in"), "opt_in (why the rule is off by default)",
+                     problems) or ""
 
     match_texts, variants = _match_variants(keys.get("match"), problems)
     match_specs = variants[0] if variants else []
@@ -585,6 +590,7 @@ def _load_rule(node: _Node, problems: _Problems, target: TargetSpec | None = Non
         merge=tuple(merge),
         fuse=fuse,
         kept=tuple(kept),
+        opt_in=opt_in,
     )
 
 

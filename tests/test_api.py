@@ -38,6 +38,51 @@ def test_rule_subset_and_targets(samples, tmp_path) -> None:
     assert "Transpose" not in {n.op_type for n in onnx.load(out).graph.node}
 
 
+OPT_IN_RULES = """
+version: 1
+rules:
+  - id: transpose-pair-gone
+    summary: Two inverse Transposes are nothing (a stand-in for a rule with a trade-off).
+    opt_in: measured slower somewhere
+    when: {opset: ">=1"}
+    match:
+      - t = Transpose<perm=[1, 0]>(x)
+      - y = Transpose<perm=[1, 0]>(t)
+    replace:
+      - y = Identity(x)
+    tests:
+      - name: fires
+        model: |
+          <ir_version: 8, opset_import: ["" : 17]>
+          g (float[2,3] x) => (float[3,2] z)
+          { t = Transpose<perm=[1,0]>(x)  y = Transpose<perm=[1,0]>(t)  z = Transpose(y) }
+        expect: {fires: 1}
+"""
+
+
+def test_opt_in_rules_run_only_when_named(tmp_path) -> None:
+    path = tmp_path / "opt_in.yaml"
+    path.write_text(OPT_IN_RULES)
+    default = fusectl.load_rule_set([path], builtin=False)
+    assert default == []
+    named = fusectl.load_rule_set([path], builtin=False, include=["transpose-pair-*"])
+    assert [r.id for r in named] == ["transpose-pair-gone"]
+    listed = fusectl.load_rule_set([path], builtin=False, opt_in=True)
+    assert [r.id for r in listed] == ["transpose-pair-gone"]
+    skipped = fusectl.load_rule_set([path], builtin=False, opt_in=True,
+                                    exclude=["transpose-pair-gone"])
+    assert skipped == []
+
+
+def test_builtin_opt_in_rules_are_off_by_default() -> None:
+    every = fusectl.load_rule_set(target="onnxruntime", opt_in=True)
+    default = {r.id for r in fusectl.load_rule_set(target="onnxruntime")}
+    opt_in = {r.id for r in every if r.rule.opt_in}
+    assert "ort-skip-rmsnorm" in opt_in
+    assert not opt_in & default
+    assert {r.id for r in every} - opt_in == default
+
+
 def test_folded_weights_keep_the_model_dtype(tmp_path) -> None:
     """fp16 weights folded with fp32 arithmetic must come back as fp16 initializers."""
     import numpy as np

@@ -169,6 +169,29 @@ def test_rules_commands(capsys):
     assert code == 2 and "bad_rule.yaml:6:" in err
 
 
+def test_opt_in_rule_listed_shown_and_run_only_when_named(capsys, tmp_path: Path):
+    code, out, _ = run(capsys, "rules", "list")  # a narrow table: cells wrap
+    assert code == 0 and out.count("opt-in") == 1 and "ort-skip-rmsn" in out
+    code, out, _ = run(capsys, "rules", "show", "ort-skip-rmsnorm")
+    assert code == 0 and "opt-in" in out and "bench/kernels.py" in " ".join(out.split())
+    model = onnx.parser.parse_model("""
+        <ir_version: 9, opset_import: ["" : 23]>
+        g (float[2,8,16] a, float[2,8,16] b) => (float[2,8,16] z)
+        <float[16] scale = {1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7,
+                            1.8, 1.9, 2.0, 2.1, 2.2, 2.3, 2.4, 2.5}>
+        { s = Add(a, b)  z = RMSNormalization<axis=-1, epsilon=1e-5>(s, scale) }
+    """)
+    path = tmp_path / "rms.onnx"
+    onnx.save(model, path)
+    for extra, fired in (((), False), (("--rule", "*"), True)):
+        report = tmp_path / "r.json"
+        code, _, err = run(capsys, "optimize", path, "-o", tmp_path / "o.onnx", "--target",
+                           "onnxruntime", "--json", report, *extra)
+        assert code == 0, err
+        applied = {a["rule"] for a in json.loads(report.read_text())["applications"]}
+        assert ("ort-skip-rmsnorm" in applied) is fired, (extra, applied)
+
+
 def test_version_and_help(capsys):
     code, out, _ = run(capsys, "--version")
     assert code == 0 and "fusectl" in out

@@ -15,7 +15,7 @@ import pytest
 from onnx import TensorProto, helper
 from values import const, dynamic
 
-from fusectl.api import optimize
+from fusectl.api import load_rule_set, optimize
 from fusectl.compile import compile_rules
 from fusectl.errors import RuleFileError
 from fusectl.rewrite import apply_rules
@@ -189,7 +189,7 @@ def test_checker_sets_aside_onnxruntime_default_domain_ops_only() -> None:
 
 def test_rmsnorm_below_opset_23_reaches_one_onnxruntime_kernel() -> None:
     """x * 1/sqrt(mean(x^2) + eps) * w after a residual Add: the normalize, fold-scale and
-    skip rules compose into one SkipSimplifiedLayerNormalization."""
+    (opt-in) skip rules compose into one SkipSimplifiedLayerNormalization."""
     rng = np.random.default_rng(1)
     inits = [onnx.numpy_helper.from_array(np.array(v, np.float32), n) for n, v in
              (("two", 2.0), ("eps", 1e-6), ("one", 1.0))]
@@ -206,10 +206,16 @@ def test_rmsnorm_below_opset_23_reaches_one_onnxruntime_kernel() -> None:
     io = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 5, 16]) for n in "xrt"]
     graph = helper.make_graph(nodes, "llama", io[:2], io[2:], inits)
     proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-    result = optimize(ir.serde.deserialize_model(proto), target="onnxruntime")
+    every = load_rule_set(target="onnxruntime", opt_in=True)
+    result = optimize(ir.serde.deserialize_model(proto), target="onnxruntime", rules=every)
     assert result.passed, result.validation
     assert sorted(n.op_type for n in result.model.graph) == ["Add",
                                                              "SkipSimplifiedLayerNormalization"]
+    # By default the skip rule is opt-in (a slower CPU kernel): the Add stays before the norm.
+    default = optimize(ir.serde.deserialize_model(proto), target="onnxruntime")
+    assert default.passed, default.validation
+    assert sorted(n.op_type for n in default.model.graph) == ["Add", "Add",
+                                                              "SimplifiedLayerNormalization"]
 
 
 def test_new_nodes_see_the_values_of_small_constant_inputs() -> None:

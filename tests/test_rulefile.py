@@ -114,9 +114,21 @@ def test_unknown_rule_key_at_its_line() -> None:
     )
     assert_problems(text, [
         (4, "unknown key 'sumary' in a rule; allowed: fuse, group, id, let, match, merge, "
-            "replace, summary, tests, when, where"),
+            "opt_in, replace, summary, tests, when, where"),
         (3, "a rule is missing required key 'summary'"),
     ])
+
+
+def test_opt_in_keeps_its_reason_and_a_rule_is_on_without_it() -> None:
+    opt_in = GOOD.replace("    match:", "    opt_in: slower on the CPU kernel\n    match:")
+    assert load_rule_text(opt_in, FILE)[0].opt_in == "slower on the CPU kernel"
+    assert load_rule_text(GOOD, FILE)[0].opt_in == ""
+
+
+def test_opt_in_needs_a_reason() -> None:
+    text = GOOD.replace("    match:", "    opt_in: ''\n    match:")
+    assert_problems(text, [(5, "opt_in (why the rule is off by default) must be a non-empty "
+                               "string")])
 
 
 def test_unknown_key_with_block_value_at_the_key_line() -> None:

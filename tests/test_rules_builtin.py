@@ -7,7 +7,7 @@ import pytest
 from fusectl.api import load_rule_set
 from fusectl.ruletest import lint_tests, run_rule_test
 
-RULES = load_rule_set()
+RULES = load_rule_set(opt_in=True)  # opt-in rules are tested like the others
 CASES = [(rule, test) for rule in RULES for test in rule.rule.tests]
 
 
