@@ -19,8 +19,8 @@ import shutil
 import stat
 import tempfile
 from collections import Counter
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +58,7 @@ _PROTOBUF_LIMIT_BYTES = 2**31 - 1
 # Non-serialized markers stored in ``model.meta`` by load_model.
 _META_HAD_EXTERNAL = "fusectl.modelio.had_external_data"
 _META_SOURCE_DATA_FILES = "fusectl.modelio.source_data_files"
+_META_DECLARED_DIMS = "fusectl.modelio.declared_dims"
 
 _DRIVE_RE = re.compile(r"^[A-Za-z]:")
 _OUTSIDE = "refusing to read outside the model's folder"
@@ -292,6 +293,56 @@ def _proto_all_tensors(proto: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
         yield from _proto_graph_tensors(info.algorithm)
 
 
+def _clear_negative_dims(proto: onnx.ModelProto) -> dict[tuple[str, str], tuple]:
+    """Make every negative ``dim_value`` (``-1``: how older exporters such as Paddle2ONNX
+    spell a dynamic dim) an unknown dim, in every graph's inputs, outputs and value_info,
+    so that shape inference, rules and the traffic model never compute with it. Returns the
+    main graph's inputs and outputs that had one, as declared, keyed by ("inputs"|"outputs",
+    name): the saved model declares them as the user's did."""
+    declared: dict[tuple[str, str], tuple] = {}
+
+    def clear(type_proto: onnx.TypeProto) -> bool:
+        kind = type_proto.WhichOneof("value")
+        if kind in ("sequence_type", "optional_type"):
+            return clear(getattr(type_proto, kind).elem_type)
+        if kind not in ("tensor_type", "sparse_tensor_type"):
+            return False
+        tensor = getattr(type_proto, kind)
+        found = False
+        for dim in tensor.shape.dim:
+            if dim.HasField("dim_value") and dim.dim_value < 0:
+                dim.ClearField("dim_value")
+                found = True
+        return found
+
+    def dims_of(info: onnx.ValueInfoProto) -> tuple:
+        return tuple(d.dim_value if d.HasField("dim_value") else
+                     (d.dim_param if d.HasField("dim_param") else None)
+                     for d in info.type.tensor_type.shape.dim)
+
+    def walk(graph: onnx.GraphProto, main: bool) -> None:
+        for part, infos in (("inputs", graph.input), ("outputs", graph.output),
+                            ("value_info", graph.value_info)):
+            for info in infos:
+                before = dims_of(info) if main and part != "value_info" else None
+                if clear(info.type) and before is not None:
+                    declared[(part, info.name)] = before
+        walk_subgraphs(graph.node)
+
+    def walk_subgraphs(nodes: Iterable[onnx.NodeProto]) -> None:
+        for node in nodes:
+            for attr in node.attribute:
+                for sub in (*([attr.g] if attr.HasField("g") else []), *attr.graphs):
+                    walk(sub, False)
+
+    walk(proto.graph, True)
+    for function in proto.functions:
+        for info in function.value_info:
+            clear(info.type)
+        walk_subgraphs(function.node)
+    return declared
+
+
 def _resolve_location(
     path: Path, base_dir: str, location: str | None, tensor: str
 ) -> tuple[str, os.stat_result]:
@@ -476,6 +527,7 @@ def load_model(path: str | Path) -> ir.Model:
     base_dir = os.path.dirname(os.path.abspath(p))
     data_files = _check_external_data(p, proto, base_dir)
     _run_checker(p, proto, external=bool(data_files))
+    declared = _clear_negative_dims(proto)
     inferred = _inferred_shapes(proto)
     try:
         model = ir.serde.deserialize_model(proto)
@@ -486,6 +538,8 @@ def load_model(path: str | Path) -> ir.Model:
         merge_inferred_shapes(model.graph, inferred.graph, keep_signature=True)
     if data_files:  # walking every tensor of a model without external data finds nothing
         _set_base_dir(model, base_dir)
+    if declared:
+        model.meta[_META_DECLARED_DIMS] = declared
     model.meta[_META_HAD_EXTERNAL] = bool(data_files)
     model.meta[_META_SOURCE_DATA_FILES] = frozenset(data_files)
     return model
@@ -851,9 +905,18 @@ def _apply(value: ir.Value, vs: ValueSignature) -> None:
 def snapshot_signature(model: ir.Model) -> Signature:
     """Record the model's IO signature and metadata before optimization touches them."""
     g = model.graph
+    declared = model.meta.get(_META_DECLARED_DIMS, {})
+
+    def signature(part: str, value: ir.Value) -> ValueSignature:
+        current = _value_signature(value)
+        dims = declared.get((part, value.name))  # a -1 the loader read as unknown
+        if dims is None or current.dims is None or len(dims) != len(current.dims):
+            return current
+        return replace(current, dims=dims)
+
     return Signature(
-        inputs=tuple(_value_signature(v) for v in g.inputs),
-        outputs=tuple(_value_signature(v) for v in g.outputs),
+        inputs=tuple(signature("inputs", v) for v in g.inputs),
+        outputs=tuple(signature("outputs", v) for v in g.outputs),
         opset_imports=tuple(model.opset_imports.items()),
         ir_version=model.ir_version,
         producer_name=model.producer_name,

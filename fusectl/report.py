@@ -134,8 +134,9 @@ def print_optimize(result: OptimizeResult, console: Console, *, verbose: bool = 
     summary.add_row("parameters", human_bytes(tb.param_bytes), human_bytes(ta.param_bytes), "")
     console.print(summary)
     if tb.unknown_nodes or ta.unknown_nodes:
-        console.print(f"[yellow]{ta.unknown_nodes} nodes have unknown shapes; their traffic is "
-                      "partial (bind symbolic dims with --dim)[/yellow]")
+        console.print(f"[yellow]{tb.unknown_nodes} nodes before and {ta.unknown_nodes} after "
+                      "have unknown shapes; their traffic is partial (bind symbolic dims with "
+                      "--dim)[/yellow]")
     if verbose:
         console.print(text_table(
             "Top nodes by traffic (after)", ("node", "op", "read", "written"),

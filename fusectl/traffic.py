@@ -489,7 +489,7 @@ class _Ctx:
 
     def dim(self, d: object) -> int | None:
         if isinstance(d, int):
-            return d
+            return d if d >= 0 else None  # -1: an older exporter's unnamed dynamic dim
         name = getattr(d, "value", None)
         if name is None:
             return None

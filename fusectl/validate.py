@@ -479,7 +479,8 @@ def _tensor_signature(value: ir.Value) -> tuple[ir.DataType, ir.Shape]:
 
 def _resolve_dim(dim: int | ir.SymbolicDim, dims: Mapping[str, int], bound: Mapping[str, int]):
     if isinstance(dim, int):
-        return dim
+        # -1 is how older exporters (Paddle2ONNX) spell a dynamic dim: an unnamed one.
+        return dim if dim >= 0 else _DEFAULT_DIM
     name = dim.value
     if name is None:
         return _DEFAULT_DIM
@@ -512,7 +513,7 @@ def _check_provided(value: ir.Value, arr: Any, dims: Mapping[str, int]) -> np.nd
             f"got shape {tuple(arr.shape)}"
         )
     for axis, (dim, size) in enumerate(zip(shape, arr.shape, strict=True)):
-        if isinstance(dim, int) and dim != size:
+        if isinstance(dim, int) and dim >= 0 and dim != size:
             raise BadInputError(
                 f"input {name!r}: axis {axis} must be {dim} (shape {_shape_text(shape)}), "
                 f"got shape {tuple(arr.shape)}"

@@ -826,3 +826,43 @@ def test_model_summary_counts_subgraphs(tmp_path: Path) -> None:
     assert summary["initializer_count"] == 4
     assert summary["initializer_bytes"] == W_ARR.nbytes + B_ARR.nbytes + 1 + 32
     assert summary["opset_imports"] == {"": 13, "com.example": 1}
+
+
+def _minus_one_model(path: Path) -> Path:
+    """Conv + BatchNormalization with batch declared -1 (Paddle2ONNX's dynamic dim) on the
+    input, the output and an intermediate's value_info."""
+    rng = np.random.default_rng(0)
+    inits = [nh.from_array(rng.normal(0, 0.3, (4, 3, 3, 3)).astype(np.float32), "w")]
+    inits += [nh.from_array(rng.uniform(0.5, 1.5, 4).astype(np.float32), n)
+              for n in ("s", "b", "m", "v")]
+    graph = oh.make_graph(
+        [oh.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+         oh.make_node("BatchNormalization", ["c", "s", "b", "m", "v"], ["y"])],
+        "paddle", [oh.make_tensor_value_info("x", TensorProto.FLOAT, [-1, 3, 8, 8])],
+        [oh.make_tensor_value_info("y", TensorProto.FLOAT, [-1, 4, 8, 8])], inits,
+        value_info=[oh.make_tensor_value_info("c", TensorProto.FLOAT, [-1, 4, 8, 8])])
+    onnx.save(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 13)], ir_version=7), path)
+    return path
+
+
+def test_minus_one_dims_are_dynamic_inside_and_declared_again_on_save(tmp_path: Path) -> None:
+    import fusectl
+
+    source = _minus_one_model(tmp_path / "paddle.onnx")
+    model = load_model(source)
+    for value in (*model.graph.inputs, *model.graph.outputs, *(o for n in model.graph
+                                                               for o in n.outputs)):
+        assert value.shape is not None
+        assert not any(isinstance(d, int) and d < 0 for d in value.shape), value
+    result = fusectl.optimize(source)
+    assert result.passed, result.validation
+    assert result.rewrite.counts() == {"conv-bn-fold": 1}
+    assert result.traffic_after.total_bytes >= 0  # a -1 never multiplies into the bytes
+    out = tmp_path / "out.onnx"
+    save_model(result.model, out)
+    saved = onnx.load(out)
+    for info, batch in ((saved.graph.input[0], -1), (saved.graph.output[0], -1)):
+        assert info.type.tensor_type.shape.dim[0].dim_value == batch
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    x = np.ones((2, 3, 8, 8), np.float32)
+    assert session.run(None, {"x": x})[0].shape == (2, 4, 8, 8)
