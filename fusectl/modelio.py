@@ -30,6 +30,7 @@ import onnx_ir as ir
 
 from fusectl.errors import BadInputError, InternalError
 from fusectl.shapes import merge_inferred_shapes
+from fusectl.targets import set_aside_onnxruntime_ops
 
 __all__ = [
     "BACKUP_SUFFIX",
@@ -471,10 +472,11 @@ def _run_checker(path: Path, proto: onnx.ModelProto, external: bool) -> None:
                              f"knows opsets up to {newest}; upgrade onnx")
     shapeless = any(vi.type.HasField("tensor_type") and not vi.type.tensor_type.HasField("shape")
                     for vi in (*proto.graph.input, *proto.graph.output))
+    checked = set_aside_onnxruntime_ops(proto)  # a model fusectl or onnxruntime optimized
     try:
-        if external or shapeless:
-            with _checker_view(proto):  # an external-data proto is small: serializing is cheap
-                onnx.checker.check_model(proto)
+        if external or shapeless or checked is not proto:
+            with _checker_view(checked):  # an external-data proto is small: serializing is cheap
+                onnx.checker.check_model(checked)
         else:
             # From the file: C++ holds the only extra copy (serializing ``proto`` makes two).
             onnx.checker.check_model(os.fspath(path))

@@ -8,9 +8,13 @@ without this stage rules would silently not fire.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Collection
 from dataclasses import dataclass
 
+import numpy as np
+import onnx
+import onnx.numpy_helper
 import onnx_ir as ir
 from onnx_ir.passes.common import (
     CommonSubexpressionEliminationPass,
@@ -78,7 +82,19 @@ def prepare(model: ir.Model, *, fold: bool = True) -> PrepareResult:
         # sqrt(head_dim)) fold only when the folder can see them. The folder's own
         # node-by-node inference is off: it costs ten times the folding itself, and one
         # whole-model inference afterwards types what folding created.
-        modified = _fold(model)
+        modified = retyped = False
+        for _ in range(MAX_FOLD_ROUNDS):
+            changed = _fold(model) | _fold_multi_output(model)
+            modified |= changed
+            retyped = False
+            # A folded shape makes the next value static: Shape(Reshape(x, folded)) folds
+            # only once that value is typed again. Refold only when a shape query can now go.
+            if not changed or not _has_shape_queries(model.graph):
+                break
+            shapes_inferred = infer_model_shapes(model) or shapes_inferred
+            retyped = True
+            if not _has_static_shape_queries(model.graph):
+                break
         if modified:
             _retype_folded_strings(model.graph)
         # Constant nodes become initializers (what every peer does), equal weights one
@@ -91,9 +107,97 @@ def prepare(model: ir.Model, *, fold: bool = True) -> PrepareResult:
         merge_equal_initializers(model.graph)
         CommonSubexpressionEliminationPass()(model)
         RemoveUnusedNodesPass()(model)  # what folding and merging left unread, dead nodes
-        if modified:
+        _drop_output_identities(model.graph)
+        if modified and not retyped:
             shapes_inferred = infer_model_shapes(model) or shapes_inferred
     return PrepareResult(before - _count_nodes(model), shapes_inferred)
+
+
+MAX_FOLD_ROUNDS = 3
+"""Fold, retype, fold again: enough for the shape chains exporters write (a Reshape to a
+folded shape whose own Shape feeds the next Reshape)."""
+SHAPE_QUERY_OPS = frozenset({"Shape", "Size"})
+
+
+def _has_shape_queries(graph: ir.Graph) -> bool:
+    return any(node.op_type in SHAPE_QUERY_OPS and node.domain == "" for node in graph)
+
+
+def _has_static_shape_queries(graph: ir.Graph) -> bool:
+    """A Shape/Size whose input now has a fully static shape: the folder will fold it."""
+    for node in graph:
+        if node.op_type in SHAPE_QUERY_OPS and node.domain == "" and node.inputs:
+            shape = node.inputs[0].shape if node.inputs[0] is not None else None
+            if shape is not None and all(isinstance(d, int) for d in shape.dims):
+                return True
+    return False
+
+
+def _fold_multi_output(model: ir.Model) -> bool:
+    """Fold standard nodes with several outputs whose inputs are all constants (a packed
+    attention weight Split at run time, as the dynamo exporter writes
+    nn.MultiheadAttention): onnxscript's folder skips every multi-output node. onnx's
+    reference implementation computes them; each read output becomes an initializer."""
+    graph = model.graph
+    candidates = [node for node in graph if len(node.outputs) > 1 and node.domain == ""
+                  and not _has_subgraph(node) and node.op_type not in NONDETERMINISTIC_OPS
+                  and node.inputs and all(_small_constant(v) for v in node.inputs)]
+    folded = False
+    for node in candidates:
+        arrays = _evaluate(node, model.opset_imports.get("", 1))
+        if arrays is None or sum(a.size for a in arrays) > FOLD_OUTPUT_LIMIT:
+            continue
+        for value, array in zip(node.outputs, arrays, strict=True):
+            if not value.uses() and not value.is_graph_output():
+                continue
+            name, value.name = value.name, None
+            constant = ir.Value(name=name, type=ir.TensorType(ir.DataType.from_numpy(
+                array.dtype)), shape=ir.Shape(array.shape), const_value=ir.Tensor(array))
+            graph.register_initializer(constant)
+            ir.convenience.replace_all_uses_with(value, constant, replace_graph_outputs=True)
+        graph.remove(node, safe=True)
+        folded = True
+    return folded
+
+
+NONDETERMINISTIC_OPS = frozenset({"RandomNormal", "RandomNormalLike", "RandomUniform",
+                                  "RandomUniformLike", "Multinomial", "Bernoulli", "Dropout"})
+
+
+def _has_subgraph(node: ir.Node) -> bool:
+    return any(attr.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
+               for attr in node.attributes.values())
+
+
+def _small_constant(value: ir.Value | None) -> bool:
+    if value is None:
+        return True  # an omitted optional input
+    tensor = value.const_value
+    return (tensor is not None and value.is_initializer() and not value.is_graph_input()
+            and tensor.size <= FOLD_INPUT_LIMIT)
+
+
+def _evaluate(node: ir.Node, opset: int) -> list[np.ndarray] | None:
+    """The outputs of ``node`` on its constant inputs, or None when onnx's reference
+    implementation cannot compute them."""
+    from onnx.reference import ReferenceEvaluator  # imported on first use: it is slow
+
+    inputs = [v.name or f"input{i}" if v is not None else "" for i, v in enumerate(node.inputs)]
+    proto = ir.serde.serialize_node(node)
+    del proto.input[:]
+    proto.input.extend(inputs)
+    del proto.output[:]
+    proto.output.extend(f"output{i}" for i in range(len(node.outputs)))
+    constants = [onnx.numpy_helper.from_array(v.const_value.numpy(), name)
+                 for name, v in zip(inputs, node.inputs, strict=True) if v is not None]
+    outputs = [onnx.helper.make_empty_tensor_value_info(name) for name in proto.output]
+    try:
+        evaluator = ReferenceEvaluator(onnx.helper.make_model(
+            onnx.helper.make_graph([proto], "fold", [], outputs, constants),
+            opset_imports=[onnx.helper.make_opsetid("", opset)]))
+        return [np.asarray(a) for a in evaluator.run(None, {})]
+    except Exception:  # noqa: BLE001 - an op the reference cannot run simply stays
+        return None
 
 
 SEQUENCE_REWRITE_OPS = frozenset({"ConcatFromSequence", "SplitToSequence"})
@@ -115,6 +219,11 @@ def _fold(model: ir.Model) -> bool:
             node.op_type in SEQUENCE_REWRITE_OPS and node.domain in ("", "ai.onnx")
             for node in ir.traversal.RecursiveGraphIterator(model.graph)):
         return False
+    # The folder warns about every multi-output node it skips (_fold_multi_output folds
+    # the constant ones); -q must print nothing but errors.
+    folder_log = logging.getLogger("onnxscript.optimizer._constant_folding")
+    level = folder_log.level
+    folder_log.setLevel(logging.ERROR)
     try:
         return fold_constants(
             model,
@@ -125,6 +234,8 @@ def _fold(model: ir.Model) -> bool:
         ).modified
     except RuntimeError:
         return True  # maybe modified: shapes are inferred again
+    finally:
+        folder_log.setLevel(level)
 
 
 def tidy(model: ir.Model, created: Collection[str] = ()) -> None:
@@ -137,10 +248,30 @@ def tidy(model: ir.Model, created: Collection[str] = ()) -> None:
     _merge_equal_constants(model.graph, created)
     CommonSubexpressionEliminationPass()(model)
     RemoveUnusedNodesPass()(model)
+    _drop_output_identities(model.graph)
     # New nodes were typed one by one; where that left a dtype or a dimension unknown
     # (a shape computed at run time), the whole model sees more.
     if _has_unknown_shapes(model.graph):
         infer_model_shapes(model)
+
+
+def _drop_output_identities(graph: ir.Graph) -> None:
+    """``y = Identity(t)`` where ``y`` is a graph output and the Identity is ``t``'s only
+    reader: the producer of ``t`` writes ``y`` directly (a rule or the folder made ``y`` a
+    copy, e.g. a Reshape to the shape it already has, and an output keeps its name)."""
+    for out in list(graph.outputs):
+        node = out.producer()
+        if node is None or node.op_type != "Identity" or node.domain != "" \
+                or len(node.inputs) != 1 or node.inputs[0] is None:
+            continue
+        source = node.inputs[0]
+        if source.producer() is None or source.is_graph_output() or len(source.uses()) != 1:
+            continue
+        name = out.name
+        ir.convenience.replace_all_uses_with(out, source, replace_graph_outputs=True)
+        graph.remove(node, safe=True)
+        out.name = None
+        source.name = name
 
 
 def _has_unknown_shapes(graph: ir.Graph) -> bool:

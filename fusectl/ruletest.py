@@ -8,7 +8,6 @@ A test model is ONNX text. Initializers declared without data
 
 from __future__ import annotations
 
-import copy
 import re
 import time
 from collections import Counter
@@ -24,7 +23,7 @@ from .compile import CompiledRule
 from .prepare import detach_legacy_initializer_inputs, prepare
 from .rewrite import apply_rules
 from .rulefile import RuleTest
-from .targets import ONNXRUNTIME_DEFAULT_DOMAIN_OPS
+from .targets import set_aside_onnxruntime_ops
 
 _DTYPES = {
     "float": np.float32,
@@ -157,22 +156,9 @@ def build_test_model(test: RuleTest, seed: int = 0) -> onnx.ModelProto:
 
 
 def check_model(proto: onnx.ModelProto) -> None:
-    """onnx's full check, with onnxruntime's default-domain contrib ops set aside.
-
-    onnx's checker rejects ops of the default domain it has no schema for; the ones
-    onnxruntime registers there are moved to a private domain in a copy, so the rest of
-    the model is still checked (and the original still runs on onnxruntime)."""
-    if any(n.domain in ("", "ai.onnx") and n.op_type in ONNXRUNTIME_DEFAULT_DOMAIN_OPS
-           for n in proto.graph.node):
-        proto = copy.deepcopy(proto)
-        for node in proto.graph.node:
-            if node.domain in ("", "ai.onnx") and node.op_type in ONNXRUNTIME_DEFAULT_DOMAIN_OPS:
-                node.domain = _SET_ASIDE
-        proto.opset_import.add(domain=_SET_ASIDE, version=1)
-    onnx.checker.check_model(proto, full_check=True)
-
-
-_SET_ASIDE = "fusectl.onnxruntime-default-domain"
+    """onnx's full check, with onnxruntime's default-domain contrib ops set aside (the rest
+    of the model is still checked, and the original still runs on onnxruntime)."""
+    onnx.checker.check_model(set_aside_onnxruntime_ops(proto), full_check=True)
 
 
 def op_histogram(graph: ir.Graph) -> Counter[str]:

@@ -355,18 +355,16 @@ def test_the_fuzzer_catches_a_wrong_rule() -> None:
     assert "Conv" in ops and "BatchNormalization" in ops
 
 
-def test_generator_covers_every_step() -> None:
-    """The generator can reach every op family (else the fuzzing is weaker than it says)."""
-    seen: set[str] = set()
-
-    @settings(max_examples=400, derandomize=True, database=None, deadline=None,
-              suppress_health_check=[HealthCheck.too_slow])
-    @given(model=graphs())
-    def collect(model: onnx.ModelProto) -> None:
-        seen.update(n.op_type for n in model.graph.node)
-
-    collect()
-    expected = {"Conv", "BatchNormalization", "Add", "Mul", "Sub", "Div", "MatMul", "Gemm", "Pad",
-                "Transpose", "Reshape", "Flatten", "MaxPool", "AveragePool",
-                "GlobalAveragePool", "Relu", "Sigmoid", "Clip", "LeakyRelu"}
-    assert expected <= seen, expected - seen
+@pytest.mark.parametrize("op", ["Conv", "BatchNormalization", "Add", "Mul", "Sub", "Div",
+                                "MatMul", "Gemm", "Pad", "Transpose", "Reshape", "Flatten",
+                                "MaxPool", "AveragePool", "GlobalAveragePool", "Relu",
+                                "Sigmoid", "Clip", "LeakyRelu"])
+def test_generator_covers_every_step(op: str) -> None:
+    """The generator can reach every op family (else the fuzzing is weaker than it says).
+    A search per op, not a fixed sample: hypothesis mixes constants of the loaded modules
+    into its choices, so a fixed sample's contents depend on what else the run imported."""
+    found = find(graphs(), lambda model: any(n.op_type == op for n in model.graph.node),
+                 settings=settings(max_examples=2000, derandomize=True, database=None,
+                                   deadline=None, phases=[Phase.generate],
+                                   suppress_health_check=list(HealthCheck)))
+    assert op in {n.op_type for n in found.graph.node}

@@ -866,3 +866,28 @@ def test_minus_one_dims_are_dynamic_inside_and_declared_again_on_save(tmp_path: 
     session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
     x = np.ones((2, 3, 8, 8), np.float32)
     assert session.run(None, {"x": x})[0].shape == (2, 4, 8, 8)
+
+
+@pytest.mark.parametrize(("op", "opset", "inputs"), [
+    ("SimplifiedLayerNormalization", 17, ["x", "g"]),
+    ("LayerNormalization", 12, ["x", "g", "b"]),
+])
+def test_onnxruntime_default_domain_ops_load(tmp_path: Path, op, opset, inputs) -> None:
+    """A model fusectl or onnxruntime optimized for onnxruntime holds contrib ops in the
+    default domain that onnx's checker has no schema for at that opset: it loads again."""
+    inits = [nh.from_array(np.ones(4, np.float32), "g"), nh.from_array(np.zeros(4, np.float32),
+                                                                       "b")]
+    graph = oh.make_graph([oh.make_node(op, inputs, ["y"], axis=-1, epsilon=1e-5)], "g",
+                          [oh.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+                          [oh.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
+                          inits[:len(inputs) - 1])
+    path = tmp_path / "contrib.onnx"
+    onnx.save(oh.make_model(graph, opset_imports=[oh.make_opsetid("", opset)], ir_version=8),
+              path)
+    model = load_model(path)
+    assert [n.op_type for n in model.graph] == [op]
+    bad = onnx.load(path)
+    bad.graph.node[0].op_type = "NotAnOnnxruntimeOp"  # the rest is still checked
+    onnx.save(bad, path)
+    with pytest.raises(BadInputError, match="onnx checker"):
+        load_model(path)
