@@ -84,9 +84,12 @@ def prepare(model: ir.Model, *, fold: bool = True) -> PrepareResult:
         # whole-model inference afterwards types what folding created.
         modified = retyped = False
         for _ in range(MAX_FOLD_ROUNDS):
-            changed = _fold(model) | _fold_multi_output(model)
-            modified |= changed
+            changed = _fold(model)
+            split = _fold_multi_output(model)  # typed constants: what reads them folds next
+            modified |= changed or split
             retyped = False
+            if split:
+                continue
             # A folded shape makes the next value static: Shape(Reshape(x, folded)) folds
             # only once that value is typed again. Refold only when a shape query can now go.
             if not changed or not _has_shape_queries(model.graph):
