@@ -763,8 +763,26 @@ def _run_all(
 def _session_options() -> ort.SessionOptions:
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.log_severity_level = 3
+    options.log_severity_level = 4  # fatal only: a failed run becomes our one-line error
     return options
+
+
+def _dynamic_generated_inputs(model: ir.Model, options: ValidationOptions) -> list[str]:
+    """Inputs generated (not given) whose shape has a dynamic dim."""
+    given = {k for k in (options.inputs or {}) if isinstance(k, str)}
+    return [v.name or "" for v in _runtime_inputs(model)
+            if v.name not in given and v.shape is not None
+            and any(not isinstance(d, int) or d < 0 for d in v.shape)]
+
+
+def _generated_hint(dynamic: list[str], shapes: Mapping[str, tuple[int, ...]]) -> str:
+    """For a reference that fails on generated inputs with dynamic dims (a detector whose
+    FPN needs sizes divisible by 32 gets 8): which shapes were used and how to choose."""
+    if not dynamic:
+        return ""
+    used = ", ".join(f"{name} {list(shapes.get(name, ()))}" for name in dynamic)
+    return (f" (generated inputs: {used}; bind dynamic dims with --dim NAME=VALUE or give "
+            "inputs with --input/--inputs)")
 
 
 def _session_source(model: ModelSource, stack: contextlib.ExitStack) -> str | bytes:
@@ -1178,6 +1196,7 @@ def run_reference(
             range_scale, feeds = found
             range_sample = len(feed_sets)
             feed_sets.append(feeds)
+    dynamic = _dynamic_generated_inputs(reference_ir, options)
     del reference_ir
     input_shapes = {k: tuple(int(d) for d in np.shape(v)) for k, v in feed_sets[0].items()}
     try:
@@ -1187,6 +1206,7 @@ def run_reference(
     except _OrtFailure as e:
         raise BadInputError(
             f"onnxruntime cannot run the input model: {_first_line(e.message)}"
+            f"{_generated_hint(dynamic, input_shapes)}"
         ) from None
     unstable = []
     for first, second in runs:

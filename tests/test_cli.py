@@ -7,6 +7,7 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 
@@ -205,3 +206,26 @@ def test_verbose_lists_skipped_rules_refusals_and_top_nodes(capsys, samples: Pat
     assert code == 0
     assert "Rules skipped" in out and "gelu-erf" in out and "needs ai.onnx opset" in out
     assert "Top nodes by traffic" in out
+
+
+def test_reference_failing_on_generated_dims_says_which_and_how(capfd, tmp_path: Path):
+    """A model that needs W = 32 fails on the generated 8: one line that names the generated
+    shapes and --dim, no onnxruntime log line before it (capfd: onnxruntime writes to the
+    process's stderr directly); --dim W=32 then works."""
+    from onnx import helper, numpy_helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "c"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 3, "H", "W"])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 3, "H", 32])],
+        [numpy_helper.from_array(np.ones(32, np.float32), "c")])
+    path = tmp_path / "needs_w.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                                ir_version=8), path)
+    code, _, err = run(capfd, "optimize", path, "-o", tmp_path / "o.onnx")
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1, err
+    assert "generated inputs: x [1, 3, 8, 8]" in err and "--dim NAME=VALUE" in err
+    assert not (tmp_path / "o.onnx").exists()
+    code, _, err = run(capfd, "optimize", path, "-o", tmp_path / "o.onnx", "--dim", "W=32")
+    assert code == 0, err
