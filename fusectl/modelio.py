@@ -29,7 +29,7 @@ import onnx.version_converter
 import onnx_ir as ir
 
 from fusectl.errors import BadInputError, InternalError
-from fusectl.shapes import merge_inferred_shapes
+from fusectl.shapes import infer_proto_shapes, merge_inferred_shapes
 from fusectl.targets import set_aside_onnxruntime_ops
 
 __all__ = [
@@ -497,8 +497,7 @@ def _inferred_shapes(proto: onnx.ModelProto) -> onnx.ModelProto | None:
     if proto.ByteSize() > INFER_AT_LOAD_LIMIT:
         return None
     try:
-        return onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True,
-                                                 data_prop=True)
+        return infer_proto_shapes(proto)
     except Exception:  # noqa: BLE001 - inference is an optimisation, never fatal
         return None
 

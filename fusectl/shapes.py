@@ -88,7 +88,7 @@ def infer_model_shapes(model: ir.Model) -> bool:
     graph = model.graph
     inputs = list(graph.inputs)
     try:
-        inferred = _call_onnx_api_linear(_infer_shapes, model)
+        inferred = _call_onnx_api_linear(infer_proto_shapes, model)
     except Exception:  # noqa: BLE001 - inference is an optimisation, never fatal
         return False
     finally:
@@ -98,9 +98,16 @@ def infer_model_shapes(model: ir.Model) -> bool:
     return merge_inferred_shapes(graph, inferred.graph)
 
 
-def _infer_shapes(proto: onnx.ModelProto) -> onnx.ModelProto:
-    return onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True,
-                                             data_prop=True)
+def infer_proto_shapes(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """onnx's inference with data propagation, strict first; when strict mode gives up on
+    the whole model (an exporter declared an output with the wrong rank, which onnxruntime
+    ignores), the non-strict pass still types every node it can."""
+    try:
+        return onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True,
+                                                 data_prop=True)
+    except onnx.shape_inference.InferenceError:
+        return onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=False,
+                                                 data_prop=True)
 
 
 def merge_inferred_shapes(graph: ir.Graph, proto: onnx.GraphProto, *,

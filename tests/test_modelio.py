@@ -891,3 +891,20 @@ def test_onnxruntime_default_domain_ops_load(tmp_path: Path, op, opset, inputs) 
     onnx.save(bad, path)
     with pytest.raises(BadInputError, match="onnx checker"):
         load_model(path)
+
+
+def test_an_output_declared_with_the_wrong_rank_does_not_untype_the_model(tmp_path: Path):
+    """onnx's strict inference gives up on the whole model when an exporter declared an
+    output with the wrong rank (onnxruntime ignores it); the values inside still get types."""
+    graph = oh.make_graph(
+        [oh.make_node("Relu", ["x"], ["r"]), oh.make_node("Reshape", ["r", "s"], ["y"])], "g",
+        [oh.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4])],
+        [oh.make_tensor_value_info("y", TensorProto.FLOAT, [1, "seqlen"])],
+        [nh.from_array(np.array([6, 1, 4], np.int64), "s")])
+    path = tmp_path / "wrong_rank.onnx"
+    onnx.save(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 14)], ir_version=8), path)
+    with pytest.raises(onnx.shape_inference.InferenceError):
+        onnx.shape_inference.infer_shapes(onnx.load(path), strict_mode=True, data_prop=True)
+    model = load_model(path)
+    relu = next(n for n in model.graph if n.op_type == "Relu")
+    assert relu.outputs[0].shape == ir.Shape([2, 3, 4])
