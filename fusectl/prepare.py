@@ -9,6 +9,7 @@ without this stage rules would silently not fire.
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Collection
 from dataclasses import dataclass
 
@@ -84,8 +85,12 @@ def prepare(model: ir.Model, *, fold: bool = True) -> PrepareResult:
         # whole-model inference afterwards types what folding created.
         modified = retyped = False
         for _ in range(MAX_FOLD_ROUNDS):
-            changed = _fold(model)
-            split = _fold_multi_output(model)  # typed constants: what reads them folds next
+            with warnings.catch_warnings(), np.errstate(all="ignore"):
+                # numpy's warnings while computing constants (log of 0 in a mask) are not
+                # the user's business: -q prints errors only
+                warnings.simplefilter("ignore", RuntimeWarning)
+                changed = _fold(model)
+                split = _fold_multi_output(model)  # typed constants: what reads them folds next
             modified |= changed or split
             retyped = False
             if split:
