@@ -56,22 +56,16 @@ def _rows(s: dict[str, int]) -> str:
     return f"{s['B']},{s['S']},{s['H']}"
 
 
-def _skip_layernorm(s: dict[str, int]) -> tuple[str, str]:
-    sig = f"g (float[{_rows(s)}] x, float[{_rows(s)}] r, float[{s['H']}] gamma, " \
-          f"float[{s['H']}] beta) => (float[{_rows(s)}] y)"
-    return (f"{sig} {{ t = Add(x, r) y = LayerNormalization<axis=-1, epsilon=1e-5>"
-            f"(t, gamma, beta) }}",
-            f"{sig} {{ y = com.microsoft.SkipLayerNormalization<epsilon=1e-5>"
-            f"(x, r, gamma, beta) }}")
-
-
-def _skip_rmsnorm(s: dict[str, int]) -> tuple[str, str]:
-    sig = f"g (float[{_rows(s)}] x, float[{_rows(s)}] r, float[{s['H']}] gamma) " \
-          f"=> (float[{_rows(s)}] y)"
-    return (f"{sig} {{ t = Add(x, r) y = SimplifiedLayerNormalization<axis=-1, epsilon=1e-5>"
-            f"(t, gamma) }}",
-            f"{sig} {{ y = com.microsoft.SkipSimplifiedLayerNormalization<epsilon=1e-5>"
-            f"(x, r, gamma) }}")
+def _skip_norm(norm: str, fused: str, params: tuple[str, ...]
+               ) -> Callable[[dict[str, int]], tuple[str, str]]:
+    """Add + ``norm`` over the last axis against onnxruntime's ``fused`` skip kernel."""
+    def build(s: dict[str, int]) -> tuple[str, str]:
+        declared = "".join(f", float[{s['H']}] {p}" for p in params)
+        sig = f"g (float[{_rows(s)}] x, float[{_rows(s)}] r{declared}) => (float[{_rows(s)}] y)"
+        args = ", ".join(params)
+        return (f"{sig} {{ t = Add(x, r) y = {norm}<axis=-1, epsilon=1e-5>(t, {args}) }}",
+                f"{sig} {{ y = com.microsoft.{fused}<epsilon=1e-5>(x, r, {args}) }}")
+    return build
 
 
 def _rmsnorm(s: dict[str, int]) -> tuple[str, str]:
@@ -172,8 +166,12 @@ def _gemm_relu(s: dict[str, int]) -> tuple[str, str]:
 
 
 CASES: tuple[Case, ...] = (
-    Case("skip-layernorm", "ort-skip-layernorm*", _skip_layernorm, TRANSFORMER_SIZES),
-    Case("skip-rmsnorm", "ort-skip-rmsnorm", _skip_rmsnorm, TRANSFORMER_SIZES),
+    Case("skip-layernorm", "ort-skip-layernorm*",
+         _skip_norm("LayerNormalization", "SkipLayerNormalization", ("gamma", "beta")),
+         TRANSFORMER_SIZES),
+    Case("skip-rmsnorm", "ort-skip-rmsnorm",
+         _skip_norm("SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization",
+                    ("gamma",)), TRANSFORMER_SIZES),
     Case("rmsnorm", "ort-rmsnorm-simplified*", _rmsnorm, TRANSFORMER_SIZES),
     Case("gelu-erf", "ort-gelu-erf",
          _unary(GELU_ERF, "y = com.microsoft.Gelu(x)"), TRANSFORMER_SIZES),

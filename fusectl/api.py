@@ -210,7 +210,7 @@ def optimize(
     if isinstance(model, ir.Model):
         proto = ir.to_proto(model)  # the caller's model is never modified
         reference: ir.Model | str = ir.from_proto(proto)
-        working = ir.from_proto(proto)
+        working = modelio.from_proto(proto)  # (typed as a loaded file is; -1 dims dynamic)
         source = None
     else:
         working = modelio.load_model(model)

@@ -39,6 +39,7 @@ __all__ = [
     "Signature",
     "ValueSignature",
     "backup_model",
+    "from_proto",
     "load_model",
     "model_summary",
     "restore_signature",
@@ -513,6 +514,19 @@ def _set_base_dir(model: ir.Model, base_dir: str) -> None:
                 tensor.base_dir = base_dir
 
 
+def from_proto(proto: onnx.ModelProto) -> ir.Model:
+    """The IR of a checked proto, typed by onnx's inference, ``-1`` dims read as dynamic
+    (remembered, so the saved signature declares them again). ``proto`` is modified."""
+    declared = _clear_negative_dims(proto)
+    inferred = _inferred_shapes(proto)
+    model = ir.serde.deserialize_model(proto)
+    if inferred is not None:
+        merge_inferred_shapes(model.graph, inferred.graph, keep_signature=True)
+    if declared:
+        model.meta[_META_DECLARED_DIMS] = declared
+    return model
+
+
 def load_model(path: str | Path) -> ir.Model:
     """Load an ONNX model, with external weights left lazy (memory-mapped on first use).
 
@@ -528,19 +542,13 @@ def load_model(path: str | Path) -> ir.Model:
     base_dir = os.path.dirname(os.path.abspath(p))
     data_files = _check_external_data(p, proto, base_dir)
     _run_checker(p, proto, external=bool(data_files))
-    declared = _clear_negative_dims(proto)
-    inferred = _inferred_shapes(proto)
     try:
-        model = ir.serde.deserialize_model(proto)
+        model = from_proto(proto)
     except Exception as e:  # malformed graphs surface here; the user needs one line
         cause = _root_cause(e)  # onnx-ir wraps the real reason in "Error calling ..." layers
         raise _bad(p, f"not a valid ONNX model ({_one_line(cause)})") from None
-    if inferred is not None:
-        merge_inferred_shapes(model.graph, inferred.graph, keep_signature=True)
     if data_files:  # walking every tensor of a model without external data finds nothing
         _set_base_dir(model, base_dir)
-    if declared:
-        model.meta[_META_DECLARED_DIMS] = declared
     model.meta[_META_HAD_EXTERNAL] = bool(data_files)
     model.meta[_META_SOURCE_DATA_FILES] = frozenset(data_files)
     return model

@@ -26,6 +26,7 @@ from onnxscript.optimizer import fold_constants
 
 from .dedupe import merge_equal_initializers
 from .shapes import infer_model_shapes
+from .traffic import can_fold  # the traffic model's notion of a node folding removes
 
 FOLD_INPUT_LIMIT = 1 << 22
 FOLD_OUTPUT_LIMIT = 1 << 27
@@ -148,7 +149,7 @@ def _fold_multi_output(model: ir.Model) -> bool:
     reference implementation computes them; each read output becomes an initializer."""
     graph = model.graph
     candidates = [node for node in graph if len(node.outputs) > 1 and node.domain == ""
-                  and not _has_subgraph(node) and node.op_type not in NONDETERMINISTIC_OPS
+                  and node.op_type != "Dropout" and can_fold(node)
                   and node.inputs and all(_small_constant(v) for v in node.inputs)]
     folded = False
     for node in candidates:
@@ -168,15 +169,6 @@ def _fold_multi_output(model: ir.Model) -> bool:
     return folded
 
 
-NONDETERMINISTIC_OPS = frozenset({"RandomNormal", "RandomNormalLike", "RandomUniform",
-                                  "RandomUniformLike", "Multinomial", "Bernoulli", "Dropout"})
-
-
-def _has_subgraph(node: ir.Node) -> bool:
-    return any(attr.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
-               for attr in node.attributes.values())
-
-
 def _small_constant(value: ir.Value | None) -> bool:
     if value is None:
         return True  # an omitted optional input
@@ -190,7 +182,8 @@ def _evaluate(node: ir.Node, opset: int) -> list[np.ndarray] | None:
     implementation cannot compute them."""
     from onnx.reference import ReferenceEvaluator  # imported on first use: it is slow
 
-    inputs = [v.name or f"input{i}" if v is not None else "" for i, v in enumerate(node.inputs)]
+    # Positional names: two inputs may be one value, or unnamed.
+    inputs = [f"input{i}" if v is not None else "" for i, v in enumerate(node.inputs)]
     proto = ir.serde.serialize_node(node)
     del proto.input[:]
     proto.input.extend(inputs)

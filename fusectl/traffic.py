@@ -369,8 +369,9 @@ def _has_subgraph(node: ir.Node) -> bool:
     return False
 
 
-def _can_fold(node: ir.Node) -> bool:
-    """Whether ``node`` would be folded if all its inputs were constant.
+def can_fold(node: ir.Node) -> bool:
+    """Whether ``node`` would be folded if all its inputs were constant (preparation folds
+    by this too).
 
     Control-flow nodes are never folded: their bodies may capture non-constant outer
     values we do not look at.  Random ops are never folded either.
@@ -383,10 +384,10 @@ def _can_fold(node: ir.Node) -> bool:
 def _is_folded(
     node: ir.Node, is_const: Callable[[ir.Value], bool], *, foldable: bool | None = None
 ) -> bool:
-    """Whether ``node`` is folded at load time; ``foldable`` skips recomputing _can_fold."""
+    """Whether ``node`` is folded at load time; ``foldable`` skips recomputing can_fold."""
     if _is_constant_node(node):
         return True
-    if not (_can_fold(node) if foldable is None else foldable):
+    if not (can_fold(node) if foldable is None else foldable):
         return False
     has_input = False
     for value in node.inputs:
@@ -427,7 +428,7 @@ def constant_values(graph: ir.Graph, *, legacy_inputs: bool = False) -> set[ir.V
     remaining: dict[ir.Node, int] = {}
     ready: list[ir.Node] = []
     for node in nodes:
-        if _is_constant_node(node) or not _can_fold(node):
+        if _is_constant_node(node) or not can_fold(node):
             continue
         pending = 0
         has_input = False

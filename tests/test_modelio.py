@@ -849,11 +849,12 @@ def test_minus_one_dims_are_dynamic_inside_and_declared_again_on_save(tmp_path: 
     import fusectl
 
     source = _minus_one_model(tmp_path / "paddle.onnx")
-    model = load_model(source)
-    for value in (*model.graph.inputs, *model.graph.outputs, *(o for n in model.graph
-                                                               for o in n.outputs)):
-        assert value.shape is not None
-        assert not any(isinstance(d, int) and d < 0 for d in value.shape), value
+    for model in (load_model(source), modelio.from_proto(onnx.load(source))):
+        for value in (*model.graph.inputs, *model.graph.outputs,
+                      *(o for n in model.graph for o in n.outputs)):
+            assert value.shape is not None
+            assert not any(isinstance(d, int) and d < 0 for d in value.shape), value
+        assert modelio.snapshot_signature(model).inputs[0].dims == (-1, 3, 8, 8)
     result = fusectl.optimize(source)
     assert result.passed, result.validation
     assert result.rewrite.counts() == {"conv-bn-fold": 1}
@@ -866,6 +867,11 @@ def test_minus_one_dims_are_dynamic_inside_and_declared_again_on_save(tmp_path: 
     session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
     x = np.ones((2, 3, 8, 8), np.float32)
     assert session.run(None, {"x": x})[0].shape == (2, 4, 8, 8)
+    # An ir.Model handed to the API is read the same way, and its signature kept too.
+    from_ir = fusectl.optimize(ir.load(source))
+    assert from_ir.passed and from_ir.rewrite.counts() == {"conv-bn-fold": 1}
+    assert from_ir.model.graph.inputs[0].shape[0] == -1
+    assert from_ir.traffic_after.total_bytes >= 0
 
 
 @pytest.mark.parametrize(("op", "opset", "inputs"), [
