@@ -11,6 +11,7 @@ out unnamed so the driver can give them fresh names.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import math
@@ -79,6 +80,8 @@ class _Variant:
     """Pattern input name -> input indices leading to it from the root (first path)."""
     """(input index, domain, op_type) the root's inputs must be produced by: checked before
     onnxscript's matcher, which costs fifty times more to say no."""
+    aliases: tuple[tuple[str, str], ...] = ()
+    """Names this variant reads as another value (bare-name alternatives, ``s = x``)."""
 
     def may_match(self, node: ir.Node) -> bool:
         inputs = node.inputs
@@ -120,6 +123,19 @@ class CompiledRule:
             root = (variant.root_op.domain, variant.root_op.op_type)
             by_root.setdefault(root, []).append(variant)
         return by_root
+
+    @functools.cached_property
+    def replace_options(self) -> dict[int, list[list[NodeSpec]]]:
+        """Replace statement number -> the specs of each of its alternatives, in order."""
+        options: dict[int, list[list[NodeSpec]]] = {}
+        for spec in self.rule.replace:
+            if spec.choice is not None:
+                statement, option = spec.choice
+                alternatives = options.setdefault(statement, [])
+                if option == len(alternatives):
+                    alternatives.append([])
+                alternatives[option].append(spec)
+        return options
 
     @functools.cached_property
     def attr_expressions(self) -> dict[tuple[int, str], expr.Expression]:
@@ -223,6 +239,8 @@ class CompiledRule:
         for name, value in match.bindings.items():
             if not name.startswith("_"):
                 env.setdefault(name, value)
+        for name, target in variant.aliases:
+            env[name] = env.get(target)
         for name in rule.captures:
             env.setdefault(name, None)
         for condition in rule.where:
@@ -498,21 +516,24 @@ def _typed(value: Any, expression: expr.Expression, env: Mapping[str, Any]) -> A
 
 
 def _build_variants(rule: Rule) -> list[_Variant]:
-    combos: list[tuple[tuple[NodeSpec, ...], tuple[tuple[OpRef, bool], ...]]] = []
-    for specs in rule.match_variants or (rule.match,):
+    combos: list[tuple[tuple[NodeSpec, ...], tuple[tuple[OpRef, bool], ...],
+                       tuple[tuple[str, str], ...]]] = []
+    variants_specs = rule.match_variants or (rule.match,)
+    all_aliases = rule.match_aliases or ((),) * len(variants_specs)
+    for specs, aliases in zip(variants_specs, all_aliases, strict=True):
         choices: list[list[tuple[OpRef, bool]]] = []
         for spec in specs:
             swaps = [False, True] if _commutes(spec) else [False]
             choices.append([(op, swap) for op in spec.ops for swap in swaps])
-        combos.extend((specs, combo) for combo in itertools.product(*choices))
+        combos.extend((specs, combo, aliases) for combo in itertools.product(*choices))
         if len(combos) > MAX_VARIANTS:
             raise RuleFileError([(rule.source, f"rule {rule.id}: more than {MAX_VARIANTS} "
                                   "pattern variants (alternatives x commuted operands)")])
     variants = []
-    seen: set[str] = set()
-    for specs, combo in combos:
-        variant = _variant(rule, specs, combo)
-        key = str(variant.pattern._target_pattern)  # identical variants (e.g. Mul(x, x))
+    seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
+    for specs, combo, aliases in combos:
+        variant = dataclasses.replace(_variant(rule, specs, combo), aliases=aliases)
+        key = (str(variant.pattern._target_pattern), aliases)  # identical ones: Mul(x, x)
         if key in seen:
             continue
         seen.add(key)
@@ -800,17 +821,41 @@ def _replacement(compiled: CompiledRule, root: ir.Node, matched: list[ir.Node],
             return init
         raise NoRewrite(f"{item.name} is not a tensor")
 
+    def present(option: list[NodeSpec]) -> bool:
+        inside = {out for spec in option for out in spec.outputs}
+        return all(spec.alias or item.name in inside or resolve(item) is not None
+                   for spec in option for item in spec.inputs if isinstance(item, Ref))
+
+    chosen: dict[int, int] = {}
     for spec in rule.replace:
+        if spec.choice is not None:
+            statement, option = spec.choice
+            if statement not in chosen:
+                options = compiled.replace_options[statement]
+                first = next((i for i, specs in enumerate(options) if present(specs)), None)
+                if first is None:
+                    raise NoRewrite(f"replace statement {statement}: every alternative reads "
+                                    "an absent value")
+                chosen[statement] = first
+            if option != chosen[statement]:
+                continue
         op = spec.op
         if spec.same_op_as is not None:
             source = producer_of[spec.same_op_as]
             op = OpRef(source.domain, source.op_type)
         version = opsets.get(op.domain, dict(used_opsets).get(op.domain, 1))
         inputs = [resolve(i) for i in spec.inputs]
+        targets = _targets(spec, slots)
+        if spec.alias and (inputs[0] is None or not targets):  # ``b = Expand(m, e) | m``
+            made[spec.outputs[0]] = inputs[0]  # type: ignore[assignment]
+            continue
         while inputs and inputs[-1] is None:
             inputs.pop()
-        targets = _targets(spec, slots)
         if op.domain == "" and op.op_type == "Identity" and len(inputs) == 1 and inputs[0]:
+            if targets and any(inputs[0] is out for node in new_nodes for out in node.outputs):
+                for slot in targets:  # a value built here takes the output's place (and name)
+                    new_outputs[slot] = inputs[0]
+                continue
             kept = [t for t in targets if old_outputs[t].is_graph_output()]
             for slot in targets:
                 if slot not in kept:

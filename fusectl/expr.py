@@ -1083,7 +1083,23 @@ def _fn_producer_op(value: Any) -> str:
     return node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
 
 
+def _fn_is_finite_mask(mask: Any) -> bool:
+    """Whether an additive attention mask provably holds only finite values (valuerange.py:
+    the NaN guard after a Softmax is then the identity)."""
+    from .valuerange import is_finite_mask  # valuerange reads expr's value helpers
+
+    return is_finite_mask(mask)
+
+
+def _fn_runtime_shape_target(shape: Any, data: Any, allowzero: Any = 0) -> np.ndarray:
+    """The constant equal to a Reshape target computed from Shape at run time (shapeexpr.py)."""
+    from .shapeexpr import runtime_shape_target  # shapeexpr reads expr's value helpers
+
+    return runtime_shape_target(shape, data, allowzero)
+
+
 FUNCTIONS: dict[str, Callable[..., Any]] = {
+    "runtime_shape_target": _fn_runtime_shape_target,
     "is_const": _fn_is_const,
     "rank": _fn_rank,
     "shape": _fn_shape,
@@ -1154,6 +1170,7 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     "num_outputs": _fn_num_outputs,
     "broadcasts_into": _fn_broadcasts_into,
     "producer_op": _fn_producer_op,
+    "is_finite_mask": _fn_is_finite_mask,
     "prod": _fn_prod,
 }
 """Every function an expression may call. Casts mark their result as explicitly typed."""

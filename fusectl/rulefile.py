@@ -9,6 +9,7 @@ parsed and name-checked here so that a bad rule fails at load time with
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -27,6 +28,7 @@ from .statements import (
     OpRef,
     Ref,
     StatementError,
+    alias_of,
     op_ref,
     parse_statements,
     split_alternatives,
@@ -165,6 +167,8 @@ class Rule:
     line: int = 0
     match_variants: tuple[tuple[NodeSpec, ...], ...] = ()
     """Every combination of statement alternatives (``A(x) | B(x)``), each a full pattern."""
+    match_aliases: tuple[tuple[tuple[str, str], ...], ...] = ()
+    """Per match variant: (name, value) pairs of bare-name alternatives (``s = x``)."""
     match_text: tuple[str, ...] = field(default=(), compare=False)
     replace_text: tuple[str, ...] = field(default=(), compare=False)
     group: Group | None = None
@@ -505,7 +509,7 @@ def _load_rule(node: _Node, problems: _Problems, target: TargetSpec | None = Non
     opt_in = _string(keys.get("opt_in"), "opt_in (why the rule is off by default)",
                      problems) or ""
 
-    match_texts, variants = _match_variants(keys.get("match"), problems)
+    match_texts, variants, variant_aliases = _match_variants(keys.get("match"), problems)
     match_specs = variants[0] if variants else []
     produced = list(dict.fromkeys(o for v in variants for spec in v for o in spec.outputs))
     value_captures, attr_captures, outputs = [], [], []
@@ -575,6 +579,7 @@ def _load_rule(node: _Node, problems: _Problems, target: TargetSpec | None = Non
         summary=summary,
         match=tuple(match_specs),
         match_variants=tuple(tuple(v) for v in variants),
+        match_aliases=tuple(tuple(sorted(a.items())) for a in variant_aliases),
         replace=tuple(replace_specs),
         where=tuple(where),
         let=tuple(let),
@@ -699,6 +704,7 @@ def _statements(node: _Node | None, what: str, replace: bool, problems: _Problem
     lines: list[int] = []
     for item in items:
         options = [item.value] if replace else split_alternatives(item.value)
+        options = [o for o in options if alias_of(o) is None] if len(options) > 1 else options
         try:
             counts = [len(parse_statements([option], replace=replace)) for option in options]
             lines += [item.line] * counts[0]
@@ -715,26 +721,62 @@ MAX_MATCH_VARIANTS = 16
 
 
 def _match_variants(node: _Node | None, problems: _Problems
-                    ) -> tuple[list[str], list[list[NodeSpec]]]:
-    """Parse match statements, expanding ``A(..) | B(..)`` into whole-pattern variants."""
+                    ) -> tuple[list[str], list[list[NodeSpec]], list[dict[str, str]]]:
+    """Parse match statements, expanding ``A(..) | B(..)`` into whole-pattern variants.
+
+    A bare-name alternative (``s = Mul(x, c) | x``) drops the node from its variants and
+    reads ``x`` wherever ``s`` is used; each variant's such aliases are returned with it."""
     texts, specs, _ = _statements(node, "match", False, problems)
     if not specs or node is None:
-        return texts, []
+        return texts, [], []
     choices = [split_alternatives(t) for t in texts]
     combos: list[list[str]] = [[]]
     for options in choices:
         combos = [c + [o] for c in combos for o in options]
         if len(combos) > MAX_MATCH_VARIANTS:
             problems.add(node.line, f"more than {MAX_MATCH_VARIANTS} alternative combinations")
-            return texts, []
-    variants = []
+            return texts, [], []
+    variants, aliases = [], []
     for combo in combos:
+        pairs = [alias_of(t) for t in combo]
+        alias = {pair[0]: pair[1] for pair in pairs if pair is not None}
         try:
-            variants.append(parse_statements(combo, replace=False))
+            parsed = parse_statements([t for t, pair in zip(combo, pairs, strict=True)
+                                       if pair is None], replace=False)
         except StatementError as exc:
             problems.add(node.line, f"match: {exc}")
-            return texts, []
-    return texts, variants
+            return texts, [], []
+        resolved = {name: _resolve_alias(name, alias) for name in alias}
+        if any(target is None for target in resolved.values()):
+            problems.add(node.line, "match: bare-name alternatives refer to each other in a "
+                         "cycle")
+            return texts, [], []
+        read = {i.name for spec in parsed for i in spec.inputs if isinstance(i, Ref)}
+        unread = [name for name in alias if name not in read]
+        if unread:
+            problems.add(node.line, f"match: {unread[0]!r} has a bare-name alternative but no "
+                         "statement reads it (a match output needs a node)")
+            return texts, [], []
+        variants.append([_rename_inputs(spec, resolved) for spec in parsed])
+        aliases.append({name: target for name, target in resolved.items() if target})
+    return texts, variants, aliases
+
+
+def _resolve_alias(name: str, alias: dict[str, str]) -> str | None:
+    """Follow ``a = b``, ``b = c`` to ``c``; None on a cycle."""
+    seen = {name}
+    while name in alias:
+        name = alias[name]
+        if name in seen:
+            return None
+        seen.add(name)
+    return name
+
+
+def _rename_inputs(spec: NodeSpec, renamed: dict[str, str | None]) -> NodeSpec:
+    inputs = tuple(Ref(renamed[i.name] or i.name, i.optional)
+                   if isinstance(i, Ref) and i.name in renamed else i for i in spec.inputs)
+    return dataclasses.replace(spec, inputs=inputs) if inputs != spec.inputs else spec
 
 
 def _where(node: _Node | None, names: list[str] | None, problems: _Problems

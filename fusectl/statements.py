@@ -12,6 +12,7 @@ In ``replace`` statements attribute values are expressions (see expr.py).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -76,6 +77,11 @@ class NodeSpec:
     index: int
     same_op_as: str | None = None
     """``u = @z(x)`` in replace: the op (and attributes) of the node that produced ``z``."""
+    choice: tuple[int, int] | None = None
+    """In replace, (statement, alternative) of ``z = A(..) | B(..)``: only the first
+    alternative whose inputs are all present (not None) is built."""
+    alias: bool = False
+    """In replace, a bare-name alternative ``z = A(x) | x``: z is x, even when x is None."""
 
     @property
     def op(self) -> OpRef:
@@ -110,6 +116,7 @@ class _Parser:
         self.replace = replace
         self.specs: list[NodeSpec] = []
         self.temp = 0
+        self.choice: tuple[int, int] | None = None
 
     def statement(self, text: str) -> None:
         eq = _find_assignment(text)
@@ -167,7 +174,7 @@ class _Parser:
         same_op = same.group(1) if same else None
         self.specs.append(
             NodeSpec(outputs, ops, inputs, tuple(attrs), copy_from or same_op,
-                     index=len(self.specs), same_op_as=same_op)
+                     index=len(self.specs), same_op_as=same_op, choice=self.choice)
         )
 
     def attribute(self, text: str) -> AttrSpec:
@@ -257,8 +264,16 @@ def parse_statements(texts: list[str], *, replace: bool) -> list[NodeSpec]:
     for number, text in enumerate(texts, 1):
         if not isinstance(text, str):
             raise StatementError(f"statement {number} must be a string")
+        options = split_alternatives(text) if replace else [text]
         try:
-            parser.statement(text)
+            for option_number, option in enumerate(options):
+                alias = alias_of(option) if option_number else None
+                if alias is not None:  # ``z = A(x) | x``: x itself when A cannot be built
+                    option = f"{alias[0]} = Identity({alias[1]})"
+                parser.choice = (number, option_number) if len(options) > 1 else None
+                parser.statement(option)
+                if alias is not None:
+                    parser.specs[-1] = dataclasses.replace(parser.specs[-1], alias=True)
         except StatementError as exc:
             raise StatementError(f"statement {number} ({text.strip()!r}): {exc}") from None
     return parser.specs
@@ -266,7 +281,8 @@ def parse_statements(texts: list[str], *, replace: bool) -> list[NodeSpec]:
 
 def split_alternatives(text: str) -> list[str]:
     """``y = A(x) | B(x)`` -> [``y = A(x)``, ``y = B(x)``]; op alternatives
-    (``y = Relu | Sigmoid (x)``) are left to the parser."""
+    (``y = Relu | Sigmoid (x)``) are left to the parser. A bare name after the first
+    alternative (``s = Mul(x, c) | x``) makes the node optional: see :func:`alias_of`."""
     eq = _find_assignment(text)
     if eq < 0:
         return [text]
@@ -281,9 +297,26 @@ def split_alternatives(text: str) -> list[str]:
             parts.append(rhs[start:i])
             start = i + 1
     parts.append(rhs[start:])
-    if len(parts) > 1 and all("(" in part for part in parts):
+    if len(parts) > 1 and "(" in parts[0] and all(
+        "(" in part or _NAME.fullmatch(part.strip()) for part in parts[1:]
+    ):
         return [lhs + " " + part.strip() for part in parts]
     return [text]
+
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def alias_of(text: str) -> tuple[str, str] | None:
+    """``s = x`` (a bare-name alternative) -> ('s', 'x'): in that variant of the pattern no
+    node produces ``s``; ``s`` is ``x`` itself, and what the skipped node captured is None."""
+    eq = _find_assignment(text)
+    if eq < 0:
+        return None
+    lhs, rhs = text[:eq].strip(), text[eq + 1 :].strip()
+    if _NAME.fullmatch(lhs) and _NAME.fullmatch(rhs):
+        return lhs, rhs
+    return None
 
 
 def produced_names(specs: list[NodeSpec]) -> list[str]:

@@ -584,6 +584,68 @@ def test_too_many_alternative_combinations() -> None:
     assert (6, "more than 16 alternative combinations") in problems(text)
 
 
+OPTIONAL_SCALE = """
+version: 1
+rules:
+  - id: scaled-relu
+    summary: Relu of a 2-D product, scaled or not, becomes a Relu of a Gemm.
+    match:
+      - p = MatMul(a, b)
+      - s = Mul(p, c) | Div(p, d) | p
+      - z = Relu(s)
+    where:
+      - expr: (c is None or is_const(c)) and (d is None or is_const(d))
+    let:
+      k: "1.0 if s is p else (item(c) if c is not None else 1.0 / item(d))"
+    replace:
+      - z = Relu(Gemm<alpha=k>(a, b))
+    tests:
+      - name: fires-with-scale
+        model: |
+          <ir_version: 8, opset_import: ["" : 17]>
+          g (float[2,3] a, float[3,4] b) => (float[2,4] z)
+          <float c = {2.0}>
+          { p = MatMul(a, b)  s = Mul(c, p)  z = Relu(s) }
+        expect: {fires: 1, ops: {Relu: 1, Gemm: 1, Mul: 0}}
+      - name: fires-without-scale
+        model: |
+          <ir_version: 8, opset_import: ["" : 17]>
+          g (float[2,3] a, float[3,4] b) => (float[2,4] z)
+          { p = MatMul(a, b)  z = Relu(p) }
+        expect: {fires: 1, ops: {Relu: 1, Gemm: 1, MatMul: 0}}
+      - name: scale-not-constant
+        model: |
+          <ir_version: 8, opset_import: ["" : 17]>
+          g (float[2,3] a, float[3,4] b, float c) => (float[2,4] z)
+          { p = MatMul(a, b)  s = Mul(c, p)  z = Relu(s) }
+        expect: {fires: 0}
+"""
+
+
+def test_bare_name_alternative_makes_a_node_optional() -> None:
+    (rule,) = load_rule_text(OPTIONAL_SCALE, "optional.yaml")
+    assert len(rule.match_variants) == 3
+    assert rule.match_aliases == ((), (), (("s", "p"),))
+    unscaled = rule.match_variants[2]
+    assert [str(spec.op) for spec in unscaled] == ["MatMul", "Relu"]
+    assert unscaled[1].inputs == (Ref("p"),)
+    assert set(rule.captures) == {"a", "b", "c", "d"}
+    from fusectl.compile import CompiledRule
+    from fusectl.ruletest import run_tests
+
+    results = run_tests([CompiledRule(rule)])
+    assert [r.passed for r in results] == [True, True, True], [r.problems for r in results]
+
+
+def test_bare_name_alternative_errors() -> None:
+    unread = OPTIONAL_SCALE.replace("      - z = Relu(s)\n", "      - z = Relu(s) | s\n")
+    assert any("'z' has a bare-name alternative but no statement reads it" in m
+               for _, m in problems(unread))
+    cycle = OPTIONAL_SCALE.replace("      - p = MatMul(a, b)\n",
+                                   "      - p = MatMul(a, b) | s\n")
+    assert any("cycle" in m for _, m in problems(cycle))
+
+
 def test_when_and_tests_errors() -> None:
     text = yaml_text(
         """

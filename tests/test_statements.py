@@ -13,6 +13,7 @@ from fusectl.statements import (
     OpRef,
     Ref,
     StatementError,
+    alias_of,
     consumed_names,
     parse_statements,
     produced_names,
@@ -354,7 +355,8 @@ def test_split_two_alternatives_with_attributes() -> None:
     [
         "y = Relu | Sigmoid (x)",  # op alternatives: left to the parser
         "y = LeakyRelu | Relu <alpha=a>(x)",
-        "y = Relu(x) | Sigmoid",  # not every part is a call
+        "y = x | Relu(x)",  # a bare name may not come first (names come from the first)
+        "y = Relu(x) | Sigmoid + 1",  # neither a call nor a name
         "y = Relu(x)",
         "y = Foo<a=[1|2]>(x)",  # '|' nested in brackets
         "no assignment | here(x)",
@@ -362,6 +364,17 @@ def test_split_two_alternatives_with_attributes() -> None:
 )
 def test_split_leaves_other_texts_alone(text: str) -> None:
     assert split_alternatives(text) == [text]
+
+
+def test_split_bare_name_alternative_makes_the_node_optional() -> None:
+    assert split_alternatives("s = Mul(qk, c) | Div(qk, d) | qk") == [
+        "s = Mul(qk, c)",
+        "s = Div(qk, d)",
+        "s = qk",
+    ]
+    assert alias_of("s = qk") == ("s", "qk")
+    assert alias_of("s = Mul(qk, c)") is None
+    assert alias_of("a, b = c") is None
 
 
 def test_split_ignores_bars_nested_in_calls() -> None:
