@@ -236,6 +236,13 @@ class CompiledRule:
             value = match.bindings.get(name)
             if not _is_literal(value, literal):
                 raise NoRewrite(f"an input is not the constant {literal}")
+        matched = {id(node) for node in producer_of.values()}
+        for name in rule.captures:
+            value = match.bindings.get(name)
+            if expr.is_value(value) and id(value.producer()) in matched:
+                # Add(y, y) after y = MatMul(..): the capture b of Add(y, b) is y itself,
+                # which the replacement removes while reading it.
+                raise NoRewrite(f"{name} is a value the match itself produces")
         for name, value in match.bindings.items():
             if not name.startswith("_"):
                 env.setdefault(name, value)

@@ -122,3 +122,21 @@ g (float[2] x) => (float[2] y, string[2] s)
     assert result.passed, result.validation
     assert [v.name for v in result.model.graph.inputs] == ["x"]
     assert [v.name for v in result.model.graph.outputs] == ["y", "s"]
+
+
+def test_a_capture_never_names_a_value_the_match_removes() -> None:
+    """``z = Add(y, y)`` after ``y = MatMul(x, W)``: matmul-add-to-gemm would bind its
+    addend to y itself, which the replacement removes while reading it (this crashed with
+    an internal error). The match is refused and the model still validates."""
+    import onnx.parser
+
+    model = onnx.parser.parse_model("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[2,3] x) => (float[2,4] z)
+        <float[3,4] W = {0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2}>
+        { y = MatMul(x, W)  z = Add(y, y) }""")
+    result = fusectl.optimize(ir.from_proto(model))
+    assert result.validation is not None and result.validation.passed
+    assert "matmul-add-to-gemm" not in result.rewrite.counts()
+    assert any("produces" in r.reason for r in result.rewrite.rejections
+               if r.rule_id == "matmul-add-to-gemm")
