@@ -537,15 +537,25 @@ def _build_variants(rule: Rule) -> list[_Variant]:
             raise RuleFileError([(rule.source, f"rule {rule.id}: more than {MAX_VARIANTS} "
                                   "pattern variants (alternatives x commuted operands)")])
     variants = []
-    seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
+    seen: set[tuple[Any, ...]] = set()
     for specs, combo, aliases in combos:
-        variant = dataclasses.replace(_variant(rule, specs, combo), aliases=aliases)
-        key = (str(variant.pattern._target_pattern), aliases)  # identical ones: Mul(x, x)
+        key = (_pattern_key(specs, combo), aliases)  # `Add(a, b) | Add(b, a)` gives one
         if key in seen:
             continue
         seen.add(key)
-        variants.append(variant)
+        variants.append(dataclasses.replace(_variant(rule, specs, combo), aliases=aliases))
     return variants
+
+
+def _pattern_key(specs: tuple[NodeSpec, ...], combo: tuple[tuple[OpRef, bool], ...]
+                 ) -> tuple[Any, ...]:
+    """What the pattern of one variant is made of (ops, inputs in matched order,
+    attributes, outputs): equal keys build equal patterns, without building them."""
+    key = []
+    for spec, (op, swap) in zip(specs, combo, strict=True):
+        inputs = spec.inputs[::-1] if swap else spec.inputs
+        key.append((op, inputs, tuple((a.name, a.text) for a in spec.attrs), spec.outputs))
+    return tuple(key)
 
 
 def _root_ops(rule: Rule) -> frozenset[tuple[str, str]]:
