@@ -9,6 +9,7 @@ without this stage rules would silently not fire.
 from __future__ import annotations
 
 import logging
+import math
 import warnings
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -85,16 +86,18 @@ def prepare(model: ir.Model, *, fold: bool = True) -> PrepareResult:
         # node-by-node inference is off: it costs ten times the folding itself, and one
         # whole-model inference afterwards types what folding created.
         modified = retyped = False
+        failed: set[ir.Node] = set()  # nodes onnx's reference could not compute either
         for _ in range(MAX_FOLD_ROUNDS):
             with warnings.catch_warnings(), np.errstate(all="ignore"):
                 # numpy's warnings while computing constants (log of 0 in a mask) are not
                 # the user's business: -q prints errors only
                 warnings.simplefilter("ignore", RuntimeWarning)
                 changed = _fold(model)
-                split = _fold_multi_output(model)  # typed constants: what reads them folds next
-            modified |= changed or split
+                # typed constants: the folder folds what reads them on the next round
+                evaluated = _fold_left_constants(model, failed)
+            modified |= changed or evaluated
             retyped = False
-            if split:
+            if evaluated:
                 continue
             # A folded shape makes the next value static: Shape(Reshape(x, folded)) folds
             # only once that value is typed again. Refold only when a shape query can now go.
@@ -142,19 +145,37 @@ def _has_static_shape_queries(graph: ir.Graph) -> bool:
     return False
 
 
-def _fold_multi_output(model: ir.Model) -> bool:
-    """Fold standard nodes with several outputs whose inputs are all constants (a packed
-    attention weight Split at run time, as the dynamo exporter writes
-    nn.MultiheadAttention): onnxscript's folder skips every multi-output node. onnx's
-    reference implementation computes them; each read output becomes an initializer."""
+KEPT_CONSTANT_OPS = frozenset({
+    "Dropout", "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear",
+})
+"""Ops left as they are even on constant inputs, as onnxscript's folder leaves them: a
+quantized weight stays quantized (its DequantizeLinear is part of the QDQ format)."""
+
+
+def _fold_left_constants(model: ir.Model, failed: set[ir.Node]) -> bool:
+    """Compute the standard nodes onnxscript's folder leaves although every input is a
+    constant: every node with several outputs (a packed attention weight Split at run time,
+    as the dynamo exporter writes nn.MultiheadAttention) and the ops its evaluator fails on
+    (the GatherElements with which ALBERT and ELECTRA exports slice their token_type_ids
+    buffer). onnx's reference implementation computes them; each read output becomes an
+    initializer, so the folder folds their readers on its next round. Outputs are computed
+    only when their inferred static size is within FOLD_OUTPUT_LIMIT, so a node the folder
+    left for its size is not computed again; nor is one in ``failed`` (adds those it could
+    not compute)."""
     graph = model.graph
-    candidates = [node for node in graph if len(node.outputs) > 1 and node.domain == ""
-                  and node.op_type != "Dropout" and can_fold(node)
-                  and node.inputs and all(_small_constant(v) for v in node.inputs)]
+    opset = model.opset_imports.get("", 1)
     folded = False
-    for node in candidates:
-        arrays = _evaluate(node, model.opset_imports.get("", 1))
-        if arrays is None or sum(a.size for a in arrays) > FOLD_OUTPUT_LIMIT:
+    for node in list(graph):  # graph order: a computed node makes its readers candidates
+        if node.domain != "" or node.op_type in KEPT_CONSTANT_OPS or node in failed \
+                or not can_fold(node) or not node.inputs \
+                or not all(_small_constant(v) for v in node.inputs):
+            continue
+        shapes = _static_output_shapes(node)
+        if shapes is None or _elements(shapes) > FOLD_OUTPUT_LIMIT:
+            continue
+        arrays = _evaluate(node, opset)
+        if arrays is None or not _as_declared(node, shapes, arrays):
+            failed.add(node)
             continue
         for value, array in zip(node.outputs, arrays, strict=True):
             if not value.uses() and not value.is_graph_output():
@@ -170,16 +191,65 @@ def _fold_multi_output(model: ir.Model) -> bool:
 
 
 def _small_constant(value: ir.Value | None) -> bool:
+    """A constant known at load time (an initializer no input overrides, or a Constant
+    node's output) of at most FOLD_INPUT_LIMIT elements."""
     if value is None:
         return True  # an omitted optional input
     tensor = value.const_value
-    return (tensor is not None and value.is_initializer() and not value.is_graph_input()
-            and tensor.size <= FOLD_INPUT_LIMIT)
+    if tensor is None or value.is_graph_input() or tensor.size > FOLD_INPUT_LIMIT:
+        return False
+    producer = value.producer()
+    return value.is_initializer() or (
+        producer is not None and producer.op_type == "Constant" and producer.domain == "")
+
+
+def _static_output_shapes(node: ir.Node) -> list[tuple[int, ...] | None] | None:
+    """The inferred shape of every output of ``node`` (None for an omitted optional output
+    nobody reads), or None when a read output is not a tensor of static shape (a sequence,
+    an unknown dimension)."""
+    shapes: list[tuple[int, ...] | None] = []
+    for value in node.outputs:
+        if value.type is None and not value.uses() and not value.is_graph_output():
+            shapes.append(None)
+            continue
+        if not isinstance(value.type, ir.TensorType) or value.shape is None:
+            return None
+        dims = value.shape.dims
+        if not all(isinstance(d, int) for d in dims):
+            return None
+        shapes.append(tuple(dims))
+    return shapes
+
+
+def _elements(shapes: list[tuple[int, ...] | None]) -> int:
+    return sum(math.prod(shape) for shape in shapes if shape is not None)
+
+
+def _as_declared(node: ir.Node, shapes: list[tuple[int, ...] | None],
+                 arrays: list[np.ndarray]) -> bool:
+    """Whether the computed outputs are numeric tensors of the inferred shapes and dtypes:
+    a reference implementation that got an op wrong must not become a constant."""
+    for value, shape, array in zip(node.outputs, shapes, arrays, strict=True):
+        if shape is None:
+            continue  # not read: dropped
+        if array.dtype.kind in "OSU" or array.shape != shape:
+            return False  # strings are left to the folder (onnx-ir stores them apart)
+        try:
+            dtype = ir.DataType.from_numpy(array.dtype)
+        except TypeError:
+            return False
+        if value.dtype is not None and value.dtype != dtype:
+            return False
+    return True
 
 
 def _evaluate(node: ir.Node, opset: int) -> list[np.ndarray] | None:
     """The outputs of ``node`` on its constant inputs, or None when onnx's reference
     implementation cannot compute them."""
+    if node.op_type == "GatherElements":
+        data, indices = (v.const_value.numpy() for v in node.inputs)
+        result = _gather_elements(data, indices, node.attributes.get_int("axis", 0))
+        return None if result is None else [result]
     from onnx.reference import ReferenceEvaluator  # imported on first use: it is slow
 
     # Positional names: two inputs may be one value, or unnamed.
@@ -196,9 +266,32 @@ def _evaluate(node: ir.Node, opset: int) -> list[np.ndarray] | None:
         evaluator = ReferenceEvaluator(onnx.helper.make_model(
             onnx.helper.make_graph([proto], "fold", [], outputs, constants),
             opset_imports=[onnx.helper.make_opsetid("", opset)]))
-        return [np.asarray(a) for a in evaluator.run(None, {})]
+        results = evaluator.run(None, {})
     except Exception:  # noqa: BLE001 - an op the reference cannot run simply stays
         return None
+    if not all(isinstance(a, (np.ndarray, np.generic)) for a in results):
+        return None  # a sequence or an optional
+    return [np.asarray(a) for a in results]
+
+
+def _gather_elements(data: np.ndarray, indices: np.ndarray, axis: int) -> np.ndarray | None:
+    """GatherElements in numpy: onnx's reference implementation (1.23) fails when the axis
+    holds 64 values or more (numpy.choose's limit) and its fallback gathers wrong values.
+    As onnxruntime does, the indices may be shorter than the data on the other axes (they
+    read its leading part) and negative; None where onnxruntime would raise."""
+    rank = data.ndim
+    if rank == 0 or indices.ndim != rank or not -rank <= axis < rank:
+        return None
+    axis %= rank
+    size = data.shape[axis]
+    if indices.size and (indices.min() < -size or indices.max() >= size):
+        return None
+    if any(n > d for k, (n, d) in enumerate(zip(indices.shape, data.shape, strict=True))
+           if k != axis):
+        return None
+    window = data[tuple(slice(None) if k == axis else slice(0, n)
+                        for k, n in enumerate(indices.shape))]
+    return np.take_along_axis(window, np.where(indices < 0, indices + size, indices), axis)
 
 
 SEQUENCE_REWRITE_OPS = frozenset({"ConcatFromSequence", "SplitToSequence"})
@@ -220,8 +313,8 @@ def _fold(model: ir.Model) -> bool:
             node.op_type in SEQUENCE_REWRITE_OPS and node.domain in ("", "ai.onnx")
             for node in ir.traversal.RecursiveGraphIterator(model.graph)):
         return False
-    # The folder warns about every multi-output node it skips (_fold_multi_output folds
-    # the constant ones); -q must print nothing but errors.
+    # The folder warns about every multi-output node it skips and every evaluation that
+    # fails (_fold_left_constants computes the constant ones); -q prints errors only.
     folder_log = logging.getLogger("onnxscript.optimizer._constant_folding")
     level = folder_log.level
     folder_log.setLevel(logging.ERROR)
@@ -231,7 +324,7 @@ def _fold(model: ir.Model) -> bool:
             onnx_shape_inference=False,
             input_size_limit=FOLD_INPUT_LIMIT,
             output_size_limit=FOLD_OUTPUT_LIMIT,
-            should_fold=_fold_constant_of_shape,
+            should_fold=_should_fold,
         ).modified
     except RuntimeError:
         return True  # maybe modified: shapes are inferred again
@@ -312,9 +405,13 @@ def _retype_folded_strings(graph: ir.Graph) -> None:
                                                 shape=tensor.shape, name=tensor.name)
 
 
-def _fold_constant_of_shape(node: ir.Node) -> bool | None:
-    """onnxscript keeps ConstantOfShape (it is compact), but weights built with it
-    must become real constants for rules to see them."""
+def _should_fold(node: ir.Node) -> bool | None:
+    """What the folder may fold, beyond its own choice (None): never a node the traffic
+    model does not fold (onnxscript's list of random ops misses Bernoulli, which it would
+    freeze into one draw); and ConstantOfShape, which onnxscript keeps (it is compact), when
+    small: weights built with it must become real constants for rules to see them."""
+    if not can_fold(node):
+        return False
     if node.op_type != "ConstantOfShape" or node.domain != "" or not node.inputs:
         return None
     shape = node.inputs[0].const_value if node.inputs[0] is not None else None

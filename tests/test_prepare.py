@@ -10,6 +10,7 @@ import onnxruntime as ort
 from onnx import numpy_helper
 
 import fusectl
+import fusectl.prepare as preparation
 from fusectl.cli import main
 from fusectl.prepare import prepare
 
@@ -110,3 +111,89 @@ def test_graph_output_copy_stays_when_the_value_has_other_readers() -> None:
     model = ir.serde.deserialize_model(proto)
     prepare(model, fold=True)
     assert model.graph.outputs[0].producer().op_type == "Identity"
+
+
+TOKEN_TYPES = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[2,4,3] x) => (float[2,4,3] y)
+{
+  t = GatherElements<axis=1>(buf, idx)
+  te = Expand(t, shp)
+  emb = Gather(table, te)
+  y = Add(x, emb)
+}
+"""
+
+
+def test_constant_gather_elements_chain_folds_to_one_add() -> None:
+    """ALBERT/ELECTRA slice their token_type_ids buffer with GatherElements: onnxscript's
+    folder cannot evaluate it (nor can onnx's reference with 64 values or more on the
+    axis), so the Expand and the embedding Gather after it stayed too."""
+    buf = (np.arange(128) % 2).astype(np.int64).reshape(1, 128)  # 0 1 0 1 ...
+    proto = _model(TOKEN_TYPES, buf=buf, idx=np.array([[0, 3, 126, -1]], np.int64),
+                   shp=np.array([2, 4], np.int64),
+                   table=np.array([[1, 2, 3], [10, 20, 30]], np.float32))
+    model = ir.serde.deserialize_model(proto)
+    prepare(model)
+    assert [n.op_type for n in model.graph] == ["Add"]
+    # buf[0, [0, 3, 126, 127]] = [0, 1, 0, 1]: table rows 0, 1, 0, 1 in both batch rows
+    out = ir.serde.serialize_model(model)
+    emb = _run(out, {"x": np.zeros((2, 4, 3), np.float32)})[0]
+    rows = [[1, 2, 3], [10, 20, 30], [1, 2, 3], [10, 20, 30]]
+    np.testing.assert_array_equal(emb, np.array([rows, rows], np.float32))
+
+
+def test_gather_elements_out_of_range_is_left_to_the_runtime() -> None:
+    """Index 128 on an axis of 128: onnxruntime raises; folding must not hide that."""
+    proto = _model(TOKEN_TYPES, buf=np.zeros((1, 128), np.int64),
+                   idx=np.array([[0, 1, 2, 128]], np.int64), shp=np.array([2, 4], np.int64),
+                   table=np.ones((2, 3), np.float32))
+    model = ir.serde.deserialize_model(proto)
+    prepare(model)
+    assert [n.op_type for n in model.graph] == ["GatherElements", "Expand", "Gather", "Add"]
+
+
+def test_gather_elements_reads_the_leading_window_of_the_other_axes() -> None:
+    """As onnxruntime does: indices [2,2] on data [3,4] along axis 1 read rows 0 and 1;
+    -1 is the last column. data = 0..11 row by row: row 0 holds 0..3, row 1 holds 4..7."""
+    proto = _model("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[2,2] x) => (float[2,2] y)
+        { t = GatherElements<axis=1>(data, idx)  y = Add(x, t) }
+    """, data=np.arange(12, dtype=np.float32).reshape(3, 4),
+        idx=np.array([[3, -1], [0, 1]], np.int64))
+    model = ir.serde.deserialize_model(proto)
+    prepare(model)
+    assert [n.op_type for n in model.graph] == ["Add"]
+    out = _run(ir.serde.serialize_model(model), {"x": np.zeros((2, 2), np.float32)})[0]
+    np.testing.assert_array_equal(out, np.array([[3, 3], [4, 5]], np.float32))
+
+
+def test_constant_node_is_computed_only_when_its_size_fits(monkeypatch) -> None:
+    """The size bound holds before computing, so a node the folder left for its size is not
+    computed again: the GatherElements output [1,4] holds 4 elements."""
+    arrays = {"buf": np.zeros((1, 128), np.int64), "idx": np.array([[0, 1, 2, 3]], np.int64),
+              "shp": np.array([2, 4], np.int64), "table": np.ones((2, 3), np.float32)}
+    monkeypatch.setattr(preparation, "FOLD_OUTPUT_LIMIT", 3)
+    model = ir.serde.deserialize_model(_model(TOKEN_TYPES, **arrays))
+    prepare(model)
+    assert "GatherElements" in {n.op_type for n in model.graph}
+    monkeypatch.setattr(preparation, "FOLD_OUTPUT_LIMIT", 4)
+    model = ir.serde.deserialize_model(_model(TOKEN_TYPES, **arrays))
+    prepare(model)
+    assert "GatherElements" not in {n.op_type for n in model.graph}
+
+
+def test_quantized_weights_and_random_draws_stay() -> None:
+    """A DequantizeLinear of an int8 weight is the QDQ format, not a constant to compute;
+    Bernoulli of constant probabilities is a new draw on every run (onnxscript's own list of
+    random ops misses it). Opset 21: onnx's reference has DequantizeLinear from 19 on."""
+    proto = _model("""
+        <ir_version: 10, opset_import: ["" : 21]>
+        g (float[2,3] x) => (float[2,3] y)
+        { w = DequantizeLinear(wq, s)  b = Bernoulli(p)  m = Mul(x, w)  y = Add(m, b) }
+    """, wq=np.array([[1, -2, 3], [4, 5, -6]], np.int8), s=np.array(0.5, np.float32),
+        p=np.full((2, 3), 0.5, np.float32))
+    model = ir.serde.deserialize_model(proto)
+    prepare(model)
+    assert [n.op_type for n in model.graph] == ["DequantizeLinear", "Bernoulli", "Mul", "Add"]
