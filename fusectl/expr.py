@@ -1098,6 +1098,14 @@ def _fn_runtime_shape_target(shape: Any, data: Any, allowzero: Any = 0) -> np.nd
     return runtime_shape_target(shape, data, allowzero)
 
 
+def _fn_is_finite_scores(scores: Any) -> bool:
+    """Whether a Softmax input is a (scaled) product plus at most a provably finite mask
+    (valuerange.py: the Softmax then never yields NaN)."""
+    from .valuerange import is_finite_scores
+
+    return is_finite_scores(scores)
+
+
 FUNCTIONS: dict[str, Callable[..., Any]] = {
     "runtime_shape_target": _fn_runtime_shape_target,
     "is_const": _fn_is_const,
@@ -1171,6 +1179,7 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     "broadcasts_into": _fn_broadcasts_into,
     "producer_op": _fn_producer_op,
     "is_finite_mask": _fn_is_finite_mask,
+    "is_finite_scores": _fn_is_finite_scores,
     "prod": _fn_prod,
 }
 """Every function an expression may call. Casts mark their result as explicitly typed."""

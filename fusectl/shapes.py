@@ -17,12 +17,31 @@ DATA_LIMIT = 1024
 """Constant inputs up to this many elements are given to inference as data."""
 
 
+SHAPE_OF_FIRST_INPUT = frozenset({
+    ("com.microsoft", "Gelu"), ("com.microsoft", "FastGelu"), ("com.microsoft", "BiasGelu"),
+    ("com.microsoft", "QuickGelu"), ("com.microsoft", "SkipLayerNormalization"),
+    ("com.microsoft", "SkipSimplifiedLayerNormalization"), ("", "LayerNormalization"),
+    ("", "SimplifiedLayerNormalization"),
+})
+"""Fused kernels the onnxruntime target emits whose first output is shaped like their first
+input. onnx has no schema for them (LayerNormalization none below opset 17), so without
+this their outputs stay untyped and every later rule reading rank() or shape() says no."""
+
+_BASE_OP = {("com.microsoft", "FusedConv"): "Conv", ("com.microsoft", "FusedGemm"): "Gemm"}
+"""Fused kernels shaped like the standard op they extend (their extra attributes and the
+FusedConv residual input are left out when inferring)."""
+
+
 def infer_node(node: ir.Node, opsets: Mapping[str, int]) -> bool:
     """Fill in missing output types and shapes of ``node`` from its inputs; best effort."""
+    key = (node.domain, node.op_type)
+    base = _BASE_OP.get(key)
+    if base is not None:
+        return _infer_as(node, base, opsets)
     try:
         schema = onnx.defs.get_schema(node.op_type, opsets.get(node.domain, 1), node.domain)
     except onnx.defs.SchemaError:
-        return False
+        return _copy_first_input(node) if key in SHAPE_OF_FIRST_INPUT else False
     input_types = {}
     input_data = {}
     for index, value in enumerate(node.inputs):
@@ -58,6 +77,37 @@ def infer_node(node: ir.Node, opsets: Mapping[str, int]) -> bool:
         if value.shape is None and proto.tensor_type.HasField("shape"):
             value.shape = ir.Shape(_dims(proto.tensor_type.shape))
     return True
+
+
+def _copy_first_input(node: ir.Node) -> bool:
+    source, target = node.inputs[0] if node.inputs else None, node.outputs[0]
+    if source is None or source.type is None:
+        return False
+    if target.type is None:
+        target.type = source.type
+    if target.shape is None and source.shape is not None:
+        target.shape = ir.Shape(list(source.shape))
+    return True
+
+
+def _infer_as(node: ir.Node, op_type: str, opsets: Mapping[str, int]) -> bool:
+    """Infer ``node`` as the standard ``op_type`` it extends, then copy the result back."""
+    schema = onnx.defs.get_schema(op_type, opsets.get("", 1), "")
+    inputs = list(node.inputs[: schema.max_input])
+    attributes = [a for name, a in node.attributes.items() if name in schema.attributes]
+    twin = ir.Node("", op_type, inputs, attributes=attributes, num_outputs=1)
+    try:
+        if not infer_node(twin, opsets):
+            return False
+        source, target = twin.outputs[0], node.outputs[0]
+        if target.type is None:
+            target.type = source.type
+        if target.shape is None and source.shape is not None:
+            target.shape = source.shape
+        return True
+    finally:
+        for index in range(len(twin.inputs)):
+            twin.replace_input_with(index, None)
 
 
 def _serialize_with_names(node: ir.Node) -> onnx.NodeProto:

@@ -183,3 +183,40 @@ def is_finite_mask(mask: object) -> bool:
         return False
     limit = limits[1] if dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE) else limits[1] / 2
     return max(abs(bounds[0]), abs(bounds[1])) <= limit
+
+
+_PRODUCTS = frozenset({("", "MatMul"), ("", "Gemm"), ("com.microsoft", "FusedMatMul")})
+
+
+def _is_product(value: ir.Value) -> bool:
+    """A matrix product, maybe scaled by a finite constant: finite for finite operands."""
+    node = value.producer()
+    if node is None:
+        return False
+    if node.op_type in ("Mul", "Div") and node.domain == "" and len(node.inputs) == 2:
+        first, second = node.inputs
+        for product, scale in ((first, second), (second, first)):
+            if node.op_type == "Div" and product is second:
+                continue
+            bounds = value_bounds(scale) if scale is not None else None
+            if (product is not None and bounds is not None and all(map(math.isfinite, bounds))
+                    and _is_product(product) and (node.op_type == "Mul" or bounds[0] > 0)):
+                return True
+        return False
+    return (node.domain, node.op_type) in _PRODUCTS
+
+
+def is_finite_scores(scores: object) -> bool:
+    """True when the input of an attention Softmax is finite for finite model inputs and
+    weights: a (scaled) matrix product, plus at most a provably finite mask. Its Softmax
+    then never yields NaN, and torch's ``Where(IsNaN(p), 0, p)`` guard is the identity."""
+    if not is_value(scores):
+        raise NoMatch("is_finite_scores() needs a value of the match")
+    if _is_product(scores):
+        return True
+    node = scores.producer()
+    if node is None or node.op_type != "Add" or node.domain != "" or len(node.inputs) != 2:
+        return False
+    first, second = node.inputs
+    return any(a is not None and b is not None and _is_product(a) and is_finite_mask(b)
+               for a, b in ((first, second), (second, first)))
