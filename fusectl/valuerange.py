@@ -130,14 +130,14 @@ def _arithmetic(node: ir.Node, budget: list[int]) -> Bounds | None:
     if bounds is None or len(bounds) != 2:
         return None
     (a, b), (c, d) = bounds
-    with np.errstate(all="ignore"):
-        if node.op_type == "Add":
-            return (a + c, b + d)
-        if node.op_type == "Sub":
-            return (a - d, b - c)
-        corners = [a * c, a * d, b * c, b * d]
-    if any(math.isnan(x) for x in corners):
+    if not all(map(math.isfinite, (a, b, c, d))):  # -inf + inf, 0 * inf: NaN is possible
         return None
+    if node.op_type == "Add":
+        corners = [a + c, b + d]
+    elif node.op_type == "Sub":
+        corners = [a - d, b - c]
+    else:
+        corners = [a * c, a * d, b * c, b * d]
     return (min(corners), max(corners))
 
 

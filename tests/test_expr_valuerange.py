@@ -124,3 +124,14 @@ def test_guarded_attention_keeps_zero_rows_for_fully_masked_queries(
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
     if masked_row is not None:
         assert (expected[0, masked_row] == 0).all()
+
+
+def test_infinity_minus_infinity_is_unknown() -> None:
+    # [-inf, 0] + [0, inf] holds -inf + inf = NaN somewhere: no bounds, whatever follows
+    v = _values(HEAD + """g (bool[4] c) => (float[4] w)
+        <float zero = {0.0}, float ninf = {-inf}, float pinf = {inf}>
+        { a = Where(c, ninf, zero)  b = Where(c, zero, pinf)  s = Add(a, b)
+          w = Where(c, s, zero) }""")
+    assert value_bounds(v["a"]) == (-np.inf, 0.0)
+    assert value_bounds(v["s"]) is None
+    assert value_bounds(v["w"]) is None
