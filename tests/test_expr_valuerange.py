@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from fusectl import api
 from fusectl.modelio import from_proto
-from fusectl.valuerange import is_finite_mask, value_bounds
+from fusectl.valuerange import is_finite_mask, is_finite_scores, value_bounds
 
 
 def _values(text: str) -> dict:
@@ -135,3 +135,16 @@ def test_infinity_minus_infinity_is_unknown() -> None:
     assert value_bounds(v["a"]) == (-np.inf, 0.0)
     assert value_bounds(v["s"]) is None
     assert value_bounds(v["w"]) is None
+
+
+def test_is_finite_scores_accepts_a_scaled_product_plus_a_finite_mask() -> None:
+    v = _values(HEAD + """g (float[2,5,8] q, float[2,8,5] k, bool[2,5,5] keep, float[2,5,5] m)
+        => (float[2,5,5] a, float[2,5,5] b, float[2,5,5] d, float[2,5,5] e)
+        <float c = {0.35}, float z = {0.0}, float low = {-1.0e9}, float ninf = {-inf}>
+        { s = MatMul(q, k)  sc = Div(s, c)  fm = Where(keep, z, low)  a = Add(fm, sc)
+          b = Add(sc, m)  im = Where(keep, z, ninf)  d = Add(sc, im)  e = Div(c, s) }""")
+    assert is_finite_scores(v["sc"])  # a product divided by a positive constant
+    assert is_finite_scores(v["a"])  # plus a mask bounded by [-1e9, 0]
+    assert not is_finite_scores(v["b"])  # a float graph input may hold -inf
+    assert not is_finite_scores(v["d"])  # the mask holds -inf
+    assert not is_finite_scores(v["e"])  # a constant divided by the product: not a product

@@ -1,0 +1,384 @@
+"""Static evaluation of run-time shape arithmetic: the constant target of a Reshape whose
+target is computed from ``Shape(x)``.
+
+Exporters before opset 14 (TorchScript, Paddle2ONNX, tf2onnx) write ``x.view(b, c, h*w)`` as
+Shape -> Gather/Slice -> Cast/Unsqueeze/Mul -> Concat -> Reshape. When a dim of x is dynamic,
+constant folding cannot fold the chain, and onnx's shape inference (below opset 14, or when
+strict inference fails) leaves the Reshape untyped, so every rule downstream is blind. Most of
+these targets are still constants for the purposes of Reshape: the static dims are known, a
+dynamic dim that lands at its own position is a copy (a 0 when allowzero is 0), and one other
+unknown entry can be a -1. ``runtime_shape_target`` (the rule expression function of
+``reshape-runtime-target``, rules/05-cleanup.yaml) computes that constant or refuses.
+
+Soundness: the new Reshape has the same input and the same allowzero as the old one, so a
+known entry is written as its exact run-time value (a 0 or -1 in the run-time target means
+the same in the constant), a copy is written as 0, and the one unknown entry as -1, which
+Reshape infers back to the same value from the element count, as long as the other entries
+are known and non-zero (a -1 beside an empty dim is an error). Every op is evaluated as
+onnxruntime does (integer Div truncates toward zero, Cast from float truncates); anything
+else, any doubt and any graph larger than a small budget is a NoMatch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+from .expr import NoMatch, _const_tensor, _shape_of_known_rank, is_value
+
+MAX_SHAPE_NODES = 64
+"""Nodes one target may be computed from: shape arithmetic is a handful of nodes per Reshape,
+and a hostile graph must not make one match expensive."""
+
+MAX_ENTRIES = 64
+"""Elements of a tensor in the shape arithmetic (a Reshape target has one per output dim)."""
+
+
+@dataclass(frozen=True)
+class Dim:
+    """The run-time size of dim ``axis`` of the Reshape's input, not known statically."""
+
+    axis: int
+
+
+Entry = int | float | Dim | None
+"""One element of a shape tensor: its value, a dim of the Reshape's input, or None (unknown)."""
+
+_INT_RANGES = {ir.DataType.INT64: (-(2**63), 2**63 - 1), ir.DataType.INT32: (-(2**31), 2**31 - 1)}
+_FLOAT_TYPES = {ir.DataType.FLOAT: np.float32, ir.DataType.DOUBLE: np.float64}
+_ONNX_DOMAINS = ("", "ai.onnx")
+
+
+@dataclass(frozen=True)
+class ShapeTensor:
+    """A 0-D or 1-D int32/int64/float/double tensor of the shape arithmetic, entry by entry."""
+
+    entries: tuple[Entry, ...]
+    rank: int
+    dtype: ir.DataType
+
+
+def runtime_shape_target(shape: Any, data: Any, allowzero: Any = 0) -> np.ndarray:
+    """The constant target equal to the run-time target ``shape`` of ``Reshape(data, shape)``
+    with that ``allowzero``: known entries as their values, ``data``'s own dynamic dim at its
+    own position as 0 (a copy; allowzero 0 only), one other unknown entry as -1.
+
+    No match for a second unknown entry (a -1 in the run-time target counts as one), an
+    unknown entry beside a 0 or a copy, a value below -1, a shape computed by anything but
+    constants, Shape and the ops below, or a computation larger than ``MAX_SHAPE_NODES``
+    nodes."""
+    copies = allowzero is None or int(allowzero) == 0
+    result = _Evaluator(data).evaluate(shape)
+    if result.rank != 1 or result.dtype != ir.DataType.INT64:
+        raise NoMatch("the run-time target is not a 1-D int64 tensor")
+    target: list[int] = []
+    inferred = False  # an unknown entry written as -1
+    for position, entry in enumerate(result.entries):
+        if isinstance(entry, int):
+            if entry < -1:
+                raise NoMatch(f"the run-time target holds {entry}")
+            target.append(entry)
+        elif isinstance(entry, Dim) and entry.axis == position and copies:
+            target.append(0)
+        else:
+            target.append(-1)
+            inferred = True
+    if target.count(-1) > 1:
+        raise NoMatch("more than one entry of the run-time target is unknown")
+    if inferred and any(d <= 0 for d in target if d != -1):
+        # Reshape cannot infer a -1 when the other dims multiply to 0, so an empty input
+        # that the run-time target reshaped would fail
+        raise NoMatch("an unknown entry beside a 0 or a copied dim (which may be empty)")
+    if not copies and 0 in target and -1 in target:
+        raise NoMatch("allowzero=1 with both a 0 and a -1 (an invalid Reshape)")
+    return np.asarray(target, dtype=np.int64)
+
+
+class _Evaluator:
+    """Evaluates the producers of one shape tensor, each node once, within the budget."""
+
+    def __init__(self, data: Any) -> None:
+        self.data = data
+        self.budget = MAX_SHAPE_NODES
+        self.done: dict[int, ShapeTensor] = {}
+
+    def evaluate(self, value: Any) -> ShapeTensor:
+        if not is_value(value):
+            raise NoMatch("the target shape is not a value of the graph")
+        known = self.done.get(id(value))
+        if known is not None:
+            return known
+        tensor = _const_tensor(value)
+        if tensor is not None:
+            result = _constant(tensor)
+        else:
+            node = value.producer()
+            if node is None:
+                raise NoMatch(f"{value.name or 'the shape'} is a graph input")
+            self.budget -= 1
+            if self.budget < 0:
+                raise NoMatch(f"the shape is computed by more than {MAX_SHAPE_NODES} nodes")
+            result = self._node(node)
+        self.done[id(value)] = result
+        return result
+
+    def _node(self, node: ir.Node) -> ShapeTensor:
+        if node.domain not in _ONNX_DOMAINS or len(node.outputs) != 1:
+            raise NoMatch(f"{node.op_type} in the shape computation")
+        op = node.op_type
+        if op == "Shape":
+            return self._shape(node)
+        if op == "Constant":
+            return _constant_attribute(node)
+        if op == "Concat":
+            return _concat(node, [self._input(node, i) for i in range(len(node.inputs))])
+        if op in _ELEMENTWISE:
+            return _elementwise(op, self._input(node, 0), self._input(node, 1))
+        handler = _UNARY.get(op)
+        if handler is None:
+            raise NoMatch(f"{op} in the shape computation")
+        return handler(node, self._input(node, 0))
+
+    def _input(self, node: ir.Node, index: int) -> ShapeTensor:
+        if index >= len(node.inputs) or node.inputs[index] is None:
+            raise NoMatch(f"{node.op_type} lacks input {index}")
+        return self.evaluate(node.inputs[index])
+
+    def _shape(self, node: ir.Node) -> ShapeTensor:
+        source = node.inputs[0]
+        dims = _shape_of_known_rank(source)
+        entries: list[Entry] = []
+        for axis, dim in enumerate(dims):
+            if isinstance(dim, int):
+                entries.append(dim)
+            else:
+                entries.append(Dim(axis) if source is self.data else None)
+        start, end = _int_attr(node, "start", 0), _int_attr(node, "end", len(entries))
+        return ShapeTensor(tuple(entries[start:end]), 1, ir.DataType.INT64)
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def _constant(tensor: ir.TensorProtocol) -> ShapeTensor:
+    if len(tensor.shape) > 1 or tensor.size > MAX_ENTRIES:
+        raise NoMatch("a constant in the shape computation is not a short vector")
+    dtype = tensor.dtype
+    if dtype in _INT_RANGES:
+        entries: tuple[Entry, ...] = tuple(int(v) for v in tensor.numpy().reshape(-1))
+    elif dtype in _FLOAT_TYPES:
+        entries = tuple(float(v) for v in tensor.numpy().reshape(-1))
+    else:
+        raise NoMatch(f"a {dtype} constant in the shape computation")
+    return ShapeTensor(entries, len(tensor.shape), dtype)
+
+
+def _constant_attribute(node: ir.Node) -> ShapeTensor:
+    """A Constant given as ``value_int(s)``/``value_float(s)`` (a ``value`` tensor is read
+    by expr's constant lookup)."""
+    for name, dtype, rank in (("value_int", ir.DataType.INT64, 0),
+                              ("value_ints", ir.DataType.INT64, 1),
+                              ("value_float", ir.DataType.FLOAT, 0),
+                              ("value_floats", ir.DataType.FLOAT, 1)):
+        attr = node.attributes.get(name)
+        if attr is not None:
+            values = np.asarray(attr.value, dtype=_FLOAT_TYPES.get(dtype, np.int64))
+            if values.size > MAX_ENTRIES:
+                break
+            return _constant(ir.tensor(values.reshape((-1,) if rank else ()), dtype=dtype))
+    raise NoMatch("a Constant that is not a short int or float vector")
+
+
+def _int_attr(node: ir.Node, name: str, default: int) -> int:
+    attr = node.attributes.get(name)
+    return default if attr is None else int(attr.value)
+
+
+def _ints(node: ir.Node, attribute: str, index: int) -> list[int] | None:
+    """A list operand that moved from an attribute to an input (Unsqueeze/Squeeze axes at
+    opset 13, Slice bounds at opset 10): the constant ints, or None when absent."""
+    attr = node.attributes.get(attribute)
+    if attr is not None:
+        return [int(v) for v in attr.value]
+    if index >= len(node.inputs) or node.inputs[index] is None:
+        return None
+    return list(_const_ints(node, index).entries)  # type: ignore[arg-type]
+
+
+def _const_ints(node: ir.Node, index: int) -> ShapeTensor:
+    """Input ``index`` of ``node``, which must be an integer constant (Gather indices...)."""
+    value = node.inputs[index] if index < len(node.inputs) else None
+    tensor = None if value is None else _const_tensor(value)
+    if tensor is None:
+        raise NoMatch(f"input {index} of {node.op_type} is not a constant")
+    values = _constant(tensor)
+    if values.dtype not in _INT_RANGES:
+        raise NoMatch(f"input {index} of {node.op_type} is not an integer")
+    return values
+
+
+def _first_axis(axes: list[int] | None) -> None:
+    """Shape tensors are vectors: an axes operand must name their only axis."""
+    if axes is not None and axes not in ([0], [-1]):
+        raise NoMatch(f"axes {axes} on a shape vector")
+
+
+# ----------------------------------------------------------------------------- ops
+
+
+def _identity(node: ir.Node, x: ShapeTensor) -> ShapeTensor:
+    return x
+
+
+def _concat(node: ir.Node, parts: list[ShapeTensor]) -> ShapeTensor:
+    if _int_attr(node, "axis", 0) not in (0, -1) or not parts:
+        raise NoMatch("Concat of shape vectors along another axis")
+    if any(p.rank != 1 or p.dtype != parts[0].dtype for p in parts):
+        raise NoMatch("Concat of something else than vectors of one dtype")
+    entries = tuple(e for p in parts for e in p.entries)
+    if len(entries) > MAX_ENTRIES:
+        raise NoMatch(f"a shape vector longer than {MAX_ENTRIES}")
+    return ShapeTensor(entries, 1, parts[0].dtype)
+
+
+def _gather(node: ir.Node, x: ShapeTensor) -> ShapeTensor:
+    if _int_attr(node, "axis", 0) not in (0, -1) or x.rank != 1:
+        raise NoMatch("Gather from something else than a vector")
+    indices = _const_ints(node, 1)
+    size = len(x.entries)
+    if not all(-size <= i < size for i in indices.entries):  # type: ignore[operator]
+        raise NoMatch("a Gather index is out of range")
+    entries = tuple(x.entries[i] for i in indices.entries)  # type: ignore[index]
+    return ShapeTensor(entries, indices.rank, x.dtype)
+
+
+def _slice(node: ir.Node, x: ShapeTensor) -> ShapeTensor:
+    starts, ends = _ints(node, "starts", 1), _ints(node, "ends", 2)
+    axes, steps = _ints(node, "axes", 3), _ints(node, "steps", 4)
+    if x.rank != 1 or starts is None or ends is None or len(starts) != 1 or len(ends) != 1:
+        raise NoMatch("Slice of something else than a vector")
+    _first_axis(axes)
+    step = 1 if steps is None else steps[0]
+    if (steps is not None and len(steps) != 1) or step == 0:
+        raise NoMatch("Slice with a step of 0 or several steps")
+    # Python slices clamp and count from the end exactly as ONNX Slice does
+    return ShapeTensor(x.entries[starts[0]:ends[0]:step], 1, x.dtype)
+
+
+def _unsqueeze(node: ir.Node, x: ShapeTensor) -> ShapeTensor:
+    axes = _ints(node, "axes", 1)
+    if x.rank != 0 or axes is None:
+        raise NoMatch("Unsqueeze of something else than a scalar")
+    _first_axis(axes)
+    return ShapeTensor(x.entries, 1, x.dtype)
+
+
+def _squeeze(node: ir.Node, x: ShapeTensor) -> ShapeTensor:
+    _first_axis(_ints(node, "axes", 1))
+    if x.rank != 1 or len(x.entries) != 1:
+        raise NoMatch("Squeeze of something else than a one-element vector")
+    return ShapeTensor(x.entries, 0, x.dtype)
+
+
+def _reshape(node: ir.Node, x: ShapeTensor) -> ShapeTensor:
+    target = list(_const_ints(node, 1).entries)
+    if target == [] and len(x.entries) == 1:
+        return ShapeTensor(x.entries, 0, x.dtype)
+    if target in ([-1], [len(x.entries)]) and len(x.entries) > 0:
+        return ShapeTensor(x.entries, 1, x.dtype)
+    raise NoMatch(f"Reshape of a shape vector to {target}")
+
+
+def _cast(node: ir.Node, x: ShapeTensor) -> ShapeTensor:
+    to = ir.DataType(_int_attr(node, "to", 0))
+    if to in _INT_RANGES:
+        low, high = _INT_RANGES[to]
+        entries = [_to_int(e, low, high) for e in x.entries]
+    elif to in _FLOAT_TYPES:
+        entries = [_to_float(e, to) for e in x.entries]
+    else:
+        raise NoMatch(f"Cast to {to} in the shape computation")
+    return ShapeTensor(tuple(entries), x.rank, to)
+
+
+def _to_int(entry: Entry, low: int, high: int) -> Entry:
+    if isinstance(entry, float):
+        if not math.isfinite(entry):
+            raise NoMatch("Cast of a non-finite float to an integer")
+        entry = math.trunc(entry)  # onnxruntime casts with static_cast: toward zero
+    if isinstance(entry, int) and not low <= entry <= high:
+        raise NoMatch(f"Cast of {entry} out of the integer range")
+    return entry  # a Dim keeps its meaning: tensor dims fit in int32
+
+
+def _to_float(entry: Entry, to: ir.DataType) -> Entry:
+    if isinstance(entry, (int, float)):
+        return float(_FLOAT_TYPES[to](entry))
+    return None
+
+
+def _rounding(op: str) -> Callable[[ir.Node, ShapeTensor], ShapeTensor]:
+    def rounded(node: ir.Node, x: ShapeTensor) -> ShapeTensor:
+        if x.dtype not in _FLOAT_TYPES:
+            raise NoMatch(f"{op} of an integer tensor")
+        function = math.floor if op == "Floor" else math.ceil
+        entries = [float(function(e)) if isinstance(e, float) and math.isfinite(e) else None
+                   for e in x.entries]
+        return ShapeTensor(tuple(entries), x.rank, x.dtype)
+    return rounded
+
+
+_UNARY: dict[str, Callable[[ir.Node, ShapeTensor], ShapeTensor]] = {
+    "Identity": _identity,
+    "Gather": _gather,
+    "Slice": _slice,
+    "Unsqueeze": _unsqueeze,
+    "Squeeze": _squeeze,
+    "Reshape": _reshape,
+    "Cast": _cast,
+    "Floor": _rounding("Floor"),
+    "Ceil": _rounding("Ceil"),
+}
+"""Ops evaluated from their first input (further inputs must be constants)."""
+
+_ELEMENTWISE = ("Add", "Sub", "Mul", "Div")
+
+
+def _elementwise(op: str, a: ShapeTensor, b: ShapeTensor) -> ShapeTensor:
+    if a.dtype != b.dtype:
+        raise NoMatch(f"{op} of {a.dtype} and {b.dtype}")
+    n, m = len(a.entries), len(b.entries)
+    if n != m and 1 not in (n, m):
+        raise NoMatch(f"{op} of vectors of lengths {n} and {m}")
+    size = max(n, m) if min(n, m) > 0 else 0
+    entries = tuple(_arithmetic(op, a.entries[i % n], b.entries[i % m], a.dtype)
+                    for i in range(size))
+    return ShapeTensor(entries, max(a.rank, b.rank), a.dtype)
+
+
+def _arithmetic(op: str, a: Entry, b: Entry, dtype: ir.DataType) -> Entry:
+    if isinstance(a, Dim) or isinstance(b, Dim) or a is None or b is None:
+        return None
+    if dtype in _FLOAT_TYPES:
+        ftype = _FLOAT_TYPES[dtype]
+        with np.errstate(all="ignore"):  # inf and nan are refused where they matter
+            value = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply,
+                     "Div": np.divide}[op](ftype(a), ftype(b))
+        return float(value)
+    a, b = int(a), int(b)
+    if op == "Div":
+        if b == 0:
+            raise NoMatch("an integer division by zero in the shape computation")
+        quotient = abs(a) // abs(b)  # onnxruntime's integer Div truncates toward zero
+        value = quotient if (a < 0) == (b < 0) else -quotient
+    else:
+        value = {"Add": a + b, "Sub": a - b, "Mul": a * b}[op]
+    low, high = _INT_RANGES[dtype]
+    if not low <= value <= high:
+        raise NoMatch(f"{op} overflows {dtype}")
+    return value
