@@ -28,8 +28,8 @@ _PASS_THROUGH = frozenset({
     "Identity", "Reshape", "Expand", "Unsqueeze", "Squeeze", "Transpose", "Flatten", "Tile",
     "Slice", "Gather", "GatherND", "GatherElements", "Concat", "Pad",
 })
-"""Ops whose output values are a selection of their first input's (data) values. Pad may
-add its constant, and Concat joins every input: both are handled with all float inputs."""
+"""Ops whose output values are a selection of their first (data) input's values; Concat
+selects from every input, and Pad adds its constant (its pad value)."""
 
 
 def value_bounds(value: ir.Value, budget: list[int] | None = None) -> Bounds | None:

@@ -148,3 +148,18 @@ def test_is_finite_scores_accepts_a_scaled_product_plus_a_finite_mask() -> None:
     assert not is_finite_scores(v["b"])  # a float graph input may hold -inf
     assert not is_finite_scores(v["d"])  # the mask holds -inf
     assert not is_finite_scores(v["e"])  # a constant divided by the product: not a product
+
+
+def test_library_drops_the_guard_of_a_finite_mask_before_fusing() -> None:
+    """softmax-nan-guard (35-attention) removes the guard of an HF-style finite mask, so
+    ort-multihead-attention (70-onnxruntime) leaves no IsNaN behind."""
+    text = ATTENTION.replace("float[1,1,3,3] mask) => (float[1,3,8] z)",
+                             "bool[1,1,3,3] keep) => (float[1,3,8] z)")
+    text = text.replace("float g = {0.0}>",
+                        "float g = {0.0}, float zero = {0.0}, float low = {-3.0e38}>")
+    text = text.replace("qk = MatMul(qt, kt)", "mask = Where(keep, zero, low)  qk = MatMul(qt, kt)")
+    result = api.optimize(from_proto(onnx.parser.parse_model(text)), target="onnxruntime")
+    assert result.validation is not None and result.validation.passed
+    assert result.rewrite.counts().get("softmax-nan-guard") == 1
+    ops = result.ops_after
+    assert ops["com.microsoft.MultiHeadAttention"] == 1 and ops["IsNaN"] == 0
