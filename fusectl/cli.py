@@ -508,7 +508,7 @@ def rules_test(paths: tuple[Path, ...], include: tuple[str, ...], seed: int,
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: run click, map every error to its exit code and one clear message."""
     try:
-        with fewer_collections():
+        with fewer_collections(process_ends=True):
             cli.main(args=list(argv) if argv is not None else None, prog_name="fusectl",
                      standalone_mode=False)
     except click.exceptions.Exit as exc:

@@ -11,6 +11,7 @@ out unnamed so the driver can give them fresh names.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import itertools
@@ -75,24 +76,49 @@ class _Variant:
     node_of_spec: dict[int, Any]  # spec index -> NodePattern
     literal_vars: dict[str, float | int]  # internal var name -> literal value
     root_op: OpRef
-    lookahead: tuple[tuple[int, str, str], ...] = ()
+    expects: tuple[_Expect, ...] = ()
+    """What the root's inputs must be produced by, down the whole pattern: checked before
+    onnxscript's matcher, which costs fifty times more to say no."""
     paths: dict[str, tuple[int, ...]] = field(default_factory=dict)
     """Pattern input name -> input indices leading to it from the root (first path)."""
-    """(input index, domain, op_type) the root's inputs must be produced by: checked before
-    onnxscript's matcher, which costs fifty times more to say no."""
     aliases: tuple[tuple[str, str], ...] = ()
     """Names this variant reads as another value (bare-name alternatives, ``s = x``)."""
 
     def may_match(self, node: ir.Node) -> bool:
-        inputs = node.inputs
-        for index, domain, op_type in self.lookahead:
-            if index >= len(inputs):
-                return False
-            value = inputs[index]
-            producer = value.producer() if value is not None else None
-            if producer is None or producer.op_type != op_type or producer.domain != domain:
-                return False
-        return True
+        return _fits(node, self.expects)
+
+
+@dataclass(frozen=True)
+class _Expect:
+    """A pattern node as seen from its consumer: the consumer's input ``index`` must be
+    produced by ``domain::op_type`` whose own inputs meet ``inputs``. ``uses`` is how often
+    the pattern reads that value: more readers outside make the match fail (its node could
+    not be removed), unless the rule keeps intermediates (None)."""
+
+    index: int
+    domain: str
+    op_type: str
+    uses: int | None
+    inputs: tuple[_Expect, ...]
+
+
+def _fits(node: ir.Node, expects: tuple[_Expect, ...]) -> bool:
+    """Whether ``node``'s producers have the ops (and at most the readers) the pattern
+    needs: a necessary condition for onnxscript's match, at a fiftieth of its cost."""
+    inputs = node.inputs
+    for expect in expects:
+        if expect.index >= len(inputs):
+            return False
+        value = inputs[expect.index]
+        producer = value.producer() if value is not None else None
+        if producer is None or producer.op_type != expect.op_type \
+                or producer.domain != expect.domain:
+            return False
+        if expect.uses is not None and len(value.uses()) > expect.uses:  # type: ignore[union-attr]
+            return False
+        if expect.inputs and not _fits(producer, expect.inputs):
+            return False
+    return True
 
 
 class CompiledRule:
@@ -622,10 +648,10 @@ def _variant(rule: Rule, specs: tuple[NodeSpec, ...],
                               "unconnected nodes; such patterns are not supported yet")])
     root_spec = next(s for s in specs if node_of_spec[s.index] is graph_pattern.output_node)
     root_index = specs.index(root_spec)
-    root_op, root_swapped = combo[root_index]
+    root_op = combo[root_index][0]
     pattern = orp.Pattern(graph_pattern, name=rule.id)
     return _Variant(pattern, specs, node_of_spec, literal_vars, root_op,
-                    _lookahead(specs, combo, root_index, root_swapped),
+                    _expects(specs, combo, root_index, counted=not rule.kept),
                     _input_paths(specs, combo, root_index))
 
 
@@ -665,19 +691,31 @@ def _follow(node: ir.Node, path: tuple[int, ...]) -> ir.Value | None:
     return value
 
 
-def _lookahead(specs: tuple[NodeSpec, ...], combo: tuple[tuple[OpRef, bool], ...],
-               root_index: int, swapped: bool) -> tuple[tuple[int, str, str], ...]:
-    """Which root inputs the pattern has produced by which op (in this variant)."""
-    producer = {name: combo[i][0] for i, spec in enumerate(specs) if i != root_index
-                for name in spec.outputs}
-    inputs = list(specs[root_index].inputs)
-    if swapped:
-        inputs[0], inputs[1] = inputs[1], inputs[0]
-    return tuple(
-        (index, producer[item.name].domain, producer[item.name].op_type)
-        for index, item in enumerate(inputs)
-        if isinstance(item, Ref) and item.name in producer
-    )
+def _expects(specs: tuple[NodeSpec, ...], combo: tuple[tuple[OpRef, bool], ...],
+             index: int, *, counted: bool) -> tuple[_Expect, ...]:
+    """The producers spec ``index``'s inputs must have in this variant (commuted operands
+    swapped), recursively; ``counted``: limit their readers to the pattern's own reads."""
+    producer = {name: i for i, spec in enumerate(specs) for name in spec.outputs}
+    # Two pattern nodes of one op may match one graph node (``Mul(x, 1.0)`` written twice,
+    # one Mul in the model): its value may have the reads of every such node's outputs.
+    reads = collections.Counter(combo[producer[item.name]][0] for spec in specs
+                                for item in spec.inputs
+                                if isinstance(item, Ref) and item.name in producer)
+
+    def expects(at: int) -> tuple[_Expect, ...]:
+        inputs = list(specs[at].inputs)
+        if combo[at][1]:
+            inputs[0], inputs[1] = inputs[1], inputs[0]
+        return tuple(
+            _Expect(position, combo[producer[item.name]][0].domain,
+                    combo[producer[item.name]][0].op_type,
+                    reads[combo[producer[item.name]][0]] if counted else None,
+                    expects(producer[item.name]))
+            for position, item in enumerate(inputs)
+            if isinstance(item, Ref) and item.name in producer
+        )
+
+    return expects(index)
 
 
 def orp_graph_pattern(inputs: list[Any], outputs: list[Any], nodes: list[Any]) -> Any:

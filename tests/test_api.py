@@ -127,7 +127,8 @@ g (float[2] x) => (float[2] y, string[2] s)
 def test_a_capture_never_names_a_value_the_match_removes() -> None:
     """``z = Add(y, y)`` after ``y = MatMul(x, W)``: matmul-add-to-gemm would bind its
     addend to y itself, which the replacement removes while reading it (this crashed with
-    an internal error). The match is refused and the model still validates."""
+    an internal error). y has a reader besides the pattern, so no match is tried (the
+    engine refuses such a capture too), and the model still validates."""
     import onnx.parser
 
     model = onnx.parser.parse_model("""
@@ -138,5 +139,4 @@ def test_a_capture_never_names_a_value_the_match_removes() -> None:
     result = fusectl.optimize(ir.from_proto(model))
     assert result.validation is not None and result.validation.passed
     assert "matmul-add-to-gemm" not in result.rewrite.counts()
-    assert any("produces" in r.reason for r in result.rewrite.rejections
-               if r.rule_id == "matmul-add-to-gemm")
+    assert result.nodes_after == 2

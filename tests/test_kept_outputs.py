@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import onnx.parser
 import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper
@@ -248,3 +249,34 @@ def test_tidy_merges_the_duplicates_rewrites_create() -> None:
     tidy(model, ["sa", "sb"])  # as if a rewrite had created them
     assert [n.op_type for n in model.graph] == ["Reshape", "Add"]
     assert list(model.graph.outputs[0].shape) == [6, 4]
+
+
+# A rule that writes its intermediate again has no reader limit before matching, so the
+# engine's own refusal of a capture bound to a matched value is what protects it.
+RELU_ADD_KEPT = """
+version: 1
+rules:
+  - id: relu-add-kept
+    summary: Relu + Add written again as Relu + Add (keeps y), to reach the capture check
+    match:
+      - y = Relu(x)
+      - z = Add(y, b)
+    replace:
+      - y = Relu(x)
+      - z = Add(y, b)
+    tests: []
+"""
+
+
+def test_a_capture_bound_to_a_matched_value_is_refused() -> None:
+    """``z = Add(y, y)``: the capture ``b`` would be ``y``, which the match replaces."""
+    model = onnx.parser.parse_model("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[2,3] x) => (float[2,3] z)
+        { y = Relu(x)  z = Add(y, y) }""")
+    rules = compile_rules(load_rule_text(RELU_ADD_KEPT))
+    assert rules[0].rule.kept  # the engine sees a rule that keeps an intermediate
+    result = optimize(ir.from_proto(model), rules=rules)
+    assert result.passed and not result.rewrite.applications
+    reasons = [r.reason for r in result.rewrite.rejections if r.rule_id == "relu-add-kept"]
+    assert reasons and "b is a value the match itself produces" in reasons[0]
