@@ -71,10 +71,10 @@ class Rewrite:
 
 @dataclass
 class _Variant:
-    pattern: orp.Pattern
+    rule: Rule
     specs: tuple[NodeSpec, ...]
-    node_of_spec: dict[int, Any]  # spec index -> NodePattern
-    literal_vars: dict[str, float | int]  # internal var name -> literal value
+    combo: tuple[tuple[OpRef, bool], ...]
+    """The op each spec matches in this variant, and whether its operands are swapped."""
     root_op: OpRef
     expects: tuple[_Expect, ...] = ()
     """What the root's inputs must be produced by, down the whole pattern: checked before
@@ -83,6 +83,28 @@ class _Variant:
     """Pattern input name -> input indices leading to it from the root (first path)."""
     aliases: tuple[tuple[str, str], ...] = ()
     """Names this variant reads as another value (bare-name alternatives, ``s = x``)."""
+    _built: tuple[orp.Pattern, dict[int, Any], dict[str, float | int]] | None = None
+
+    @property
+    def pattern(self) -> orp.Pattern:
+        """onnxscript's pattern, built on first use: most variants of a run never get
+        past ``may_match``, and building costs more than everything else about them."""
+        return self.build()[0]
+
+    @property
+    def node_of_spec(self) -> dict[int, Any]:
+        """Spec index -> the pattern's NodePattern."""
+        return self.build()[1]
+
+    @property
+    def literal_vars(self) -> dict[str, float | int]:
+        """Internal var name -> the literal the pattern reads there."""
+        return self.build()[2]
+
+    def build(self) -> tuple[orp.Pattern, dict[int, Any], dict[str, float | int]]:
+        if self._built is None:
+            self._built = _onnxscript_pattern(self.rule, self.specs, self.combo)
+        return self._built
 
     def may_match(self, node: ir.Node) -> bool:
         return _fits(node, self.expects)
@@ -133,13 +155,14 @@ class CompiledRule:
         """(domain, op_type) of the nodes a match can be rooted at: the op producing the
         rule's outputs. The rewrite loop skips a rule whose root ops a graph lacks."""
         self._variants: list[_Variant] | None = None
+        self._lazy = lazy
         if not lazy:
             _ = self.variants_by_root
 
     @property
     def variants(self) -> list[_Variant]:
         if self._variants is None:
-            self._variants = _build_variants(self.rule)
+            self._variants = _build_variants(self.rule, eager=not self._lazy)
         return self._variants
 
     @functools.cached_property
@@ -149,6 +172,25 @@ class CompiledRule:
             root = (variant.root_op.domain, variant.root_op.op_type)
             by_root.setdefault(root, []).append(variant)
         return by_root
+
+    @functools.cached_property
+    def reach(self) -> int | None:
+        """How many producer hops above a root node a match and its checks read, or None
+        when they may read further (a far-reaching function): the rewrite loop re-tries
+        the rule at a node only when something this close to it changed. A pattern of n
+        nodes is at most n - 1 hops deep; its inputs' producers (whose op, constness and
+        readers conditions may read) are one hop more. A sibling group's shared value is
+        one of those inputs: a sibling coming or going stamps its producer (or, when it
+        has none, its readers)."""
+        rule = self.rule
+        expressions = [c.expression for c in rule.where] + [b.expression for b in rule.let]
+        expressions += [b.expression for b in rule.merge]
+        expressions += self.attr_expressions.values()
+        if rule.group is not None:
+            expressions += [*rule.group.key, *filter(None, [rule.group.order])]
+        if any(e.may_call(expr.FAR_REACHING) for e in expressions):
+            return None
+        return max(len(specs) for specs in rule.match_variants or (rule.match,))
 
     @functools.cached_property
     def replace_options(self) -> dict[int, list[list[NodeSpec]]]:
@@ -207,6 +249,12 @@ class CompiledRule:
         if reason is not None:
             raise NoRewrite(reason)
         return None
+
+    def could_match(self, node: ir.Node) -> bool:
+        """Whether some variant's op tree fits at ``node`` (cheap; ``find`` may still say
+        no)."""
+        return any(variant.may_match(node)
+                   for variant in self.variants_by_root.get((node.domain, node.op_type), ()))
 
     def _structural_matches(self, model: ir.Model, graph: ir.Graph | ir.Function,
                             node: ir.Node) -> Iterator[tuple[_Variant, Any]]:
@@ -293,20 +341,25 @@ class CompiledRule:
 
     # ----------------------------------------------------------- sibling groups
     def find_groups(self, model: ir.Model, graph: ir.Graph | ir.Function,
-                    rejected: Callable[[ir.Node, str], None] | None = None) -> list[Rewrite]:
+                    rejected: Callable[[ir.Node, str], None] | None = None,
+                    near: Callable[[ir.Node], bool] | None = None) -> list[Rewrite]:
         """Every group of sibling matches in ``graph``, as disjoint rewrites.
 
         One match attempt per node (linear): each match is a member, keyed by the
         shared value, the attributes of its nodes and the rule's key expressions.
         A node joins at most one member; groups smaller than ``min`` are dropped.
+        ``near``, when given, says which nodes something changed near: only the groups
+        around a shared value one of them reads are formed again.
         """
         group = self.rule.group
         assert group is not None
         members: dict[tuple[Any, ...], list[_Member]] = {}
         claimed: set[int] = set()
-        for node in graph:
-            if (node.domain, node.op_type) not in self.root_ops or self._no_siblings(node):
-                continue
+        candidates = [node for node in graph if (node.domain, node.op_type) in self.root_ops
+                      and not self._no_siblings(node)]
+        if near is not None:
+            candidates = self._around_changes(candidates, near)
+        for node in candidates:
             try:
                 member = self._member(model, graph, node)
             except NoRewrite as exc:
@@ -330,18 +383,35 @@ class CompiledRule:
                     rejected(group_members[0].root, str(exc))
         return rewrites
 
+    def _shared_values(self, node: ir.Node) -> list[ir.Value | None]:
+        """Where each variant rooted at ``node``'s op finds the shared value (None: not
+        reachable without matching)."""
+        group = self.rule.group
+        assert group is not None
+        paths = [variant.paths.get(group.shared)
+                 for variant in self.variants_by_root.get((node.domain, node.op_type), ())]
+        return [_follow(node, path) if path else None for path in paths]
+
     def _no_siblings(self, node: ir.Node) -> bool:
         """True when the shared value, where every variant rooted here finds it, is read
         by fewer nodes than a group needs: no member could ever join a group, so the
         costly match is skipped (a 100k-node chain has a Conv at every third node)."""
         group = self.rule.group
         assert group is not None
-        for variant in self.variants_by_root.get((node.domain, node.op_type), ()):
-            path = variant.paths.get(group.shared)
-            shared = _follow(node, path) if path else None
-            if shared is None or len(shared.uses()) >= group.min_size:
-                return False
-        return True
+        return all(shared is not None and len(shared.uses()) < group.min_size
+                   for shared in self._shared_values(node))
+
+    def _around_changes(self, candidates: list[ir.Node],
+                        near: Callable[[ir.Node], bool]) -> list[ir.Node]:
+        """The candidates sharing a value with a candidate ``near`` a change: groups
+        elsewhere are as they were when the rule last looked (and did not fire)."""
+        shared_of = [self._shared_values(node) for node in candidates]
+        if any(value is None for values in shared_of for value in values):
+            return candidates  # a member whose shared value is unknown: look everywhere
+        changed = {id(value) for node, values in zip(candidates, shared_of, strict=True)
+                   if near(node) for value in values}
+        return [node for node, values in zip(candidates, shared_of, strict=True)
+                if any(id(value) in changed for value in values)]
 
     def _member(self, model: ir.Model, graph: ir.Graph | ir.Function, node: ir.Node
                 ) -> _Member | None:
@@ -548,7 +618,7 @@ def _typed(value: Any, expression: expr.Expression, env: Mapping[str, Any]) -> A
 # --------------------------------------------------------------------- variants
 
 
-def _build_variants(rule: Rule) -> list[_Variant]:
+def _build_variants(rule: Rule, *, eager: bool = True) -> list[_Variant]:
     combos: list[tuple[tuple[NodeSpec, ...], tuple[tuple[OpRef, bool], ...],
                        tuple[tuple[str, str], ...]]] = []
     variants_specs = rule.match_variants or (rule.match,)
@@ -569,7 +639,8 @@ def _build_variants(rule: Rule) -> list[_Variant]:
         if key in seen:
             continue
         seen.add(key)
-        variants.append(dataclasses.replace(_variant(rule, specs, combo), aliases=aliases))
+        variant = _variant(rule, specs, combo, eager=eager)
+        variants.append(dataclasses.replace(variant, aliases=aliases))
     return variants
 
 
@@ -604,7 +675,25 @@ def _commutes(spec: NodeSpec) -> bool:
 
 
 def _variant(rule: Rule, specs: tuple[NodeSpec, ...],
-             combo: tuple[tuple[OpRef, bool], ...]) -> _Variant:
+             combo: tuple[tuple[OpRef, bool], ...], *, eager: bool) -> _Variant:
+    """One variant; ``eager`` builds onnxscript's pattern now (rules not tested by the
+    library: a pattern onnxscript refuses is reported when the rule file is loaded)."""
+    producers = [i for i, spec in enumerate(specs)
+                 if any(name in spec.outputs for name in rule.outputs)]
+    if eager or len(producers) != 1:
+        _onnxscript_pattern(rule, specs, combo)  # raises what onnxscript refuses
+    root_index = producers[0]
+    variant = _Variant(rule, specs, combo, combo[root_index][0],
+                       _expects(specs, combo, root_index, counted=not rule.kept),
+                       _input_paths(specs, combo, root_index))
+    if eager:
+        variant.build()
+    return variant
+
+
+def _onnxscript_pattern(rule: Rule, specs: tuple[NodeSpec, ...],
+                        combo: tuple[tuple[OpRef, bool], ...]
+                        ) -> tuple[orp.Pattern, dict[int, Any], dict[str, float | int]]:
     builder = orp.OpsetPatternBuilder("", record=True)
     values: dict[str, Any] = {}
     literal_vars: dict[str, float | int] = {}
@@ -646,13 +735,7 @@ def _variant(rule: Rule, specs: tuple[NodeSpec, ...],
     if len(graph_pattern.output_nodes) != 1:
         raise RuleFileError([(rule.source, f"rule {rule.id}: outputs come from several "
                               "unconnected nodes; such patterns are not supported yet")])
-    root_spec = next(s for s in specs if node_of_spec[s.index] is graph_pattern.output_node)
-    root_index = specs.index(root_spec)
-    root_op = combo[root_index][0]
-    pattern = orp.Pattern(graph_pattern, name=rule.id)
-    return _Variant(pattern, specs, node_of_spec, literal_vars, root_op,
-                    _expects(specs, combo, root_index, counted=not rule.kept),
-                    _input_paths(specs, combo, root_index))
+    return orp.Pattern(graph_pattern, name=rule.id), node_of_spec, literal_vars
 
 
 def _input_paths(specs: tuple[NodeSpec, ...], combo: tuple[tuple[OpRef, bool], ...],

@@ -12,7 +12,7 @@ from __future__ import annotations
 import ast
 import math
 import operator
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -1106,6 +1106,13 @@ def _fn_is_finite_scores(scores: Any) -> bool:
     return is_finite_scores(scores)
 
 
+FAR_REACHING = frozenset({"transpose_ahead", "is_finite_mask", "is_finite_scores",
+                          "runtime_shape_target"})
+"""Functions that read the graph beyond a value's producer and its readers (several hops
+down or up). Every other function reads only what a match and its inputs' producers and
+readers hold, which lets the rewrite loop re-try a rule only near what changed
+(rewrite.py); a rule calling one of these is re-tried everywhere on every pass."""
+
 FUNCTIONS: dict[str, Callable[..., Any]] = {
     "runtime_shape_target": _fn_runtime_shape_target,
     "is_const": _fn_is_const,
@@ -1285,6 +1292,11 @@ class Expression:
                           if isinstance(n, ast.Name))
             object.__setattr__(self, "_names_in_order", names)
         return list(self._names_in_order)  # type: ignore[arg-type]
+
+    def may_call(self, functions: Collection[str]) -> bool:
+        """Whether the expression may call one of ``functions``: read off the source, not
+        the AST (which costs a parse), so a name inside a string says yes too."""
+        return any(name in self.source for name in functions)
 
     def __reduce__(self) -> tuple[Any, tuple[str, frozenset[str]]]:
         """Pickled as its checked source (the rule cache), without the AST."""

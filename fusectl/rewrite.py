@@ -146,6 +146,7 @@ def apply_rules(
     max_passes: int = MAX_PASSES,
     dims: Mapping[str, int] | None = None,
     accept: Callable[[str, tuple[str, ...]], bool] | None = None,
+    incremental: bool = True,
 ) -> RewriteResult:
     """Apply ``rules`` in order, pass after pass, until nothing changes.
 
@@ -154,6 +155,10 @@ def apply_rules(
     pass started (plus one), which bounds a rule that would rewrite its own output.
     ``accept(rule_id, matched node names)``, when given, may refuse an application
     before it is committed (bisection replays a rewrite without chosen applications).
+
+    After its first run a rule is re-tried only at nodes near which the graph changed
+    since (``CompiledRule.reach``): elsewhere it would find what it found before.
+    ``incremental=False`` re-tries every node on every pass (the same result, slower).
     """
     active: list[CompiledRule] = []
     skipped: list[tuple[str, str]] = []
@@ -169,6 +174,10 @@ def apply_rules(
     capped: set[str] = set()
     passes = 0
     converged = False
+    touched = _Touched()
+    meter = traffic.Meter(dims=dims)
+    last_run: dict[tuple[int, int], int] = {}  # (rule, graph) -> number of its last run
+    run = 0
     for pass_number in range(1, max_passes + 1):
         passes = pass_number
         fired = 0
@@ -183,19 +192,27 @@ def apply_rules(
                 ops = present[id(graph)]
                 if ops.isdisjoint(roots):
                     continue
+                run += 1
+                since = last_run.get((id(rule), id(graph))) if incremental else None
+                last_run[(id(rule), id(graph))] = run
+                reach = rule.reach if since is not None else None
                 if rule.rule.group is not None:
                     def reject(node: ir.Node, reason: str, rule: CompiledRule = rule) -> None:
                         _reject(rejections, rule.id, node, reason)
-                    for rewrite in rule.find_groups(model, graph, reject):
-                        more = _costs_traffic(rewrite, model, dims)
+                    near = None if reach is None else (
+                        lambda node, reach=reach, since=since: touched.near(node, reach, since))
+                    for rewrite in rule.find_groups(model, graph, reject, near):
+                        more = _costs_traffic(rewrite, model, meter)
                         if more and rule.rule.group.require_saving:
                             reject(rewrite.root, more)
                             continue
                         if accept and not accept(rewrite.rule_id, _matched_names(rewrite)):
                             continue
+                        read = touched.read_by(rewrite)
                         applications.append(
-                            _apply(model, graph, rewrite, names, pass_number, dims)
+                            _apply(model, graph, rewrite, names, pass_number, meter)
                         )
+                        touched.record(rewrite, read, run)
                         ops.update((n.domain, n.op_type) for n in rewrite.new_nodes)
                         indexes[id(graph)].invalidate()
                         fired += 1
@@ -208,7 +225,11 @@ def apply_rules(
                         continue
                     if count >= cap:
                         capped.add(rule.id)
+                        del last_run[(id(rule), id(graph))]  # nodes left unvisited
                         break
+                    if reach is not None and not (rule.could_match(node)
+                                                  and touched.near(node, reach, since)):
+                        continue
                     try:
                         rewrite = rule.find(model, graph, node)
                     except NoRewrite as exc:
@@ -218,9 +239,11 @@ def apply_rules(
                         continue
                     if accept and not accept(rewrite.rule_id, _matched_names(rewrite)):
                         continue
+                    read = touched.read_by(rewrite)
                     applications.append(
-                        _apply(model, graph, rewrite, names, pass_number, dims)
+                        _apply(model, graph, rewrite, names, pass_number, meter)
                     )
+                    touched.record(rewrite, read, run)
                     ops.update((n.domain, n.op_type) for n in rewrite.new_nodes)
                     # New nodes this rule may root at are visited in this pass too.
                     candidates.extend(n for n in rewrite.new_nodes
@@ -242,6 +265,72 @@ def apply_rules(
         converged,
         tuple(r.id for r in active),
     )
+
+
+class _Touched:
+    """Where the graph changed, and during which rule run: the nodes an application
+    created, the producers of every value its nodes read (their readers changed), and the
+    readers of such values that no node produces (initializers, graph inputs)."""
+
+    MAX_READERS = 64
+    """Readers of one changed initializer stamped one by one; past this (a scalar constant
+    shared across the model), the run counts as having changed everything."""
+    MAX_NEAR = 256
+    """Nodes ``near`` visits before answering yes rather than looking further."""
+
+    def __init__(self) -> None:
+        self.stamps: dict[int, tuple[ir.Node, int]] = {}
+        self.everything = -1
+
+    @staticmethod
+    def read_by(rewrite: Rewrite) -> list[ir.Value]:
+        """The values the matched and the new nodes read; taken before the application,
+        which detaches the matched nodes from their inputs."""
+        return [value for node in itertools.chain(rewrite.matched_nodes, rewrite.new_nodes)
+                for value in node.inputs if value is not None]
+
+    def record(self, rewrite: Rewrite, read: list[ir.Value], run: int) -> None:
+        """Stamp what an application changed (``read``: ``read_by`` before it)."""
+        stamps = self.stamps
+        for node in rewrite.new_nodes:
+            stamps[id(node)] = (node, run)
+        for value in read:
+            producer = value.producer()
+            if producer is not None:
+                stamps[id(producer)] = (producer, run)
+                continue
+            uses = value.uses()
+            if len(uses) > self.MAX_READERS:
+                self.everything = run
+                continue
+            for use in uses:
+                stamps[id(use.node)] = (use.node, run)
+
+    def near(self, node: ir.Node, reach: int, since: int) -> bool:
+        """Whether a node at most ``reach`` producer hops above ``node`` (or ``node``) was
+        stamped during run ``since`` or later."""
+        if self.everything >= since:
+            return True
+        stamps = self.stamps
+        frontier = [node]
+        seen = {id(node)}
+        for hop in range(reach + 1):
+            following = []
+            for current in frontier:
+                stamp = stamps.get(id(current))
+                if stamp is not None and stamp[0] is current and stamp[1] >= since:
+                    return True
+                if hop == reach:
+                    continue
+                for value in current.inputs:
+                    producer = value.producer() if value is not None else None
+                    if producer is not None and id(producer) not in seen:
+                        seen.add(id(producer))
+                        following.append(producer)
+            if len(seen) > self.MAX_NEAR:
+                return True
+            frontier = following
+        return False
 
 
 class _OpIndex:
@@ -281,14 +370,14 @@ def _reject(rejections: dict[str, list[Rejection]], rule_id: str, node: ir.Node,
         seen.append(Rejection(rule_id, node.name or node.op_type, reason))
 
 
-def _bytes(nodes: Sequence[ir.Node], dims: Mapping[str, int] | None) -> int:
-    return sum(traffic.node_traffic(n, dims=dims).bytes_total for n in nodes)
+def _bytes(nodes: Sequence[ir.Node], meter: traffic.Meter) -> int:
+    return sum(meter.node(n).bytes_total for n in nodes)
 
 
 def _apply(model: ir.Model, graph: ir.Graph, rewrite: Rewrite, names: _Names,
-           pass_number: int, dims: Mapping[str, int] | None) -> Application:
+           pass_number: int, meter: traffic.Meter) -> Application:
     """Put a rewrite into the graph: fresh names, rewiring, insertion, removal."""
-    bytes_before = _bytes(rewrite.matched_nodes, dims)
+    bytes_before = _bytes(rewrite.matched_nodes, meter)
     matched = _matched_names(rewrite)
     matched_ops = tuple(n.op_type for n in rewrite.matched_nodes)
     root_name = rewrite.root.name or rewrite.root.op_type
@@ -329,7 +418,7 @@ def _apply(model: ir.Model, graph: ir.Graph, rewrite: Rewrite, names: _Names,
         if domain not in model.opset_imports:
             model.opset_imports[domain] = version
     _infer_new_shapes(rewrite.new_nodes, model)
-    bytes_after = _bytes(rewrite.new_nodes, dims)
+    bytes_after = _bytes(rewrite.new_nodes, meter)
     return Application(
         rewrite.rule_id,
         graph.name or "",
@@ -348,8 +437,7 @@ def _matched_names(rewrite: Rewrite) -> tuple[str, ...]:
     return tuple(n.name or n.op_type for n in rewrite.matched_nodes)
 
 
-def _costs_traffic(rewrite: Rewrite, model: ir.Model, dims: Mapping[str, int] | None
-                   ) -> str | None:
+def _costs_traffic(rewrite: Rewrite, model: ir.Model, meter: traffic.Meter) -> str | None:
     """Why a merge would move more bytes than the nodes it replaces (e.g. the Split copy
     outweighs the reads of the shared input it saves), or None."""
     for old, new in zip(rewrite.old_outputs, rewrite.new_outputs, strict=True):
@@ -358,7 +446,7 @@ def _costs_traffic(rewrite: Rewrite, model: ir.Model, dims: Mapping[str, int] | 
         if new.shape is None and old.shape is not None:
             new.shape = old.shape
     _infer_new_shapes(rewrite.new_nodes, model)
-    before, after = _bytes(rewrite.matched_nodes, dims), _bytes(rewrite.new_nodes, dims)
+    before, after = _bytes(rewrite.matched_nodes, meter), _bytes(rewrite.new_nodes, meter)
     if after > before:
         return (f"merging {len(rewrite.old_outputs)} outputs would move more bytes "
                 f"({after:,} > {before:,}): the Split copy outweighs the saved reads")

@@ -1290,9 +1290,30 @@ def node_traffic(
     ``f"{op_type}_{index}"`` when ``index`` is given, as :func:`measure` does).
     ``conv_algo`` is ``direct``, ``im2col`` or ``indirect`` (see the module docstring).
     """
-    ctx = _Ctx(_check_dims(dims), functions or {}, _check_conv_algo(conv_algo))
-    is_const = _is_weight if constants is None else constants.__contains__
-    return _measure_node(node, index, ctx, is_const)[0]
+    return Meter(dims=dims, functions=functions, conv_algo=conv_algo).node(
+        node, constants=constants, index=index)
+
+
+class Meter:
+    """:func:`node_traffic` for many nodes of one model: the rewrite loop costs the matched
+    and the new nodes of every application, and what a value's size needs (its shape, its
+    symbolic dims) is worked out once per value instead of once per node reading it.
+    Values must not change shape while a meter is in use."""
+
+    def __init__(
+        self,
+        *,
+        dims: Mapping[str, int] | None = None,
+        functions: Mapping[FunctionKey, ir.Function] | None = None,
+        conv_algo: str = "direct",
+    ) -> None:
+        self._ctx = _Ctx(_check_dims(dims), functions or {}, _check_conv_algo(conv_algo))
+
+    def node(self, node: ir.Node, *, constants: set[ir.Value] | None = None,
+             index: int | None = None) -> NodeTraffic:
+        """See :func:`node_traffic`."""
+        is_const = _is_weight if constants is None else constants.__contains__
+        return _measure_node(node, index, self._ctx, is_const)[0]
 
 
 def measure(
