@@ -306,18 +306,19 @@ class CompiledRule:
                 elif not present or not _same(value, attr.literal):
                     raise NoRewrite(f"{node.op_type}.{attr.name} is {value!r}, "
                                     f"rule needs {attr.literal!r}")
+        bindings = match.bindings  # (a property that checks the match each time)
         for name, literal in variant.literal_vars.items():
-            value = match.bindings.get(name)
+            value = bindings.get(name)
             if not _is_literal(value, literal):
                 raise NoRewrite(f"an input is not the constant {literal}")
         matched = {id(node) for node in producer_of.values()}
         for name in rule.captures:
-            value = match.bindings.get(name)
+            value = bindings.get(name)
             if expr.is_value(value) and id(value.producer()) in matched:
                 # Add(y, y) after y = MatMul(..): the capture b of Add(y, b) is y itself,
                 # which the replacement removes while reading it.
                 raise NoRewrite(f"{name} is a value the match itself produces")
-        for name, value in match.bindings.items():
+        for name, value in bindings.items():
             if not name.startswith("_"):
                 env.setdefault(name, value)
         for name, target in variant.aliases:

@@ -137,6 +137,38 @@ def _tensor_attrs(model: ir.Model) -> Iterator[tuple[ir.Node, str, ir.Attr]]:
                     yield node, name, attr
 
 
+@dataclass(frozen=True)
+class _Contents:
+    """The initializers and tensor attributes of every graph, found in one walk: saving a
+    100k-node model walked the graphs five times for them (a second of a three-second
+    save)."""
+
+    initializers: list[ir.Value]
+    tensor_attrs: list[tuple[ir.Node, str, ir.Attr]]
+
+    @classmethod
+    def of(cls, model: ir.Model) -> _Contents:
+        initializers: list[ir.Value] = []
+        tensor_attrs: list[tuple[ir.Node, str, ir.Attr]] = []
+        tensor_types = (ir.AttributeType.TENSOR, ir.AttributeType.TENSORS)
+        for g in _iter_graph_likes(model):
+            if isinstance(g, ir.Graph):
+                initializers.extend(g.initializers.values())
+            for node in g:
+                for name, attr in node.attributes.items():
+                    if attr.type in tensor_types and not attr.is_ref() \
+                            and attr.value is not None:
+                        tensor_attrs.append((node, name, attr))
+        return cls(initializers, tensor_attrs)
+
+    def weight_bytes(self) -> int:
+        """Bytes of every tensor the proto will hold (external ones included)."""
+        total = sum(v.const_value.nbytes for v in self.initializers
+                    if v.const_value is not None)
+        return total + sum(t.nbytes for _, _, attr in self.tensor_attrs
+                           for t in _attr_tensors(attr))
+
+
 def _attr_tensors(attr: ir.Attr) -> tuple[Any, ...]:
     return (attr.value,) if attr.type == ir.AttributeType.TENSOR else tuple(attr.value)
 
@@ -557,10 +589,10 @@ def load_model(path: str | Path) -> ir.Model:
 # --------------------------------------------------------------------------- saving
 
 
-def _had_external_data(model: ir.Model) -> bool:
+def _had_external_data(model: ir.Model, initializers: list[ir.Value]) -> bool:
     if model.meta.get(_META_HAD_EXTERNAL):
         return True
-    return any(isinstance(v.const_value, ir.ExternalTensor) for v in _initializer_values(model))
+    return any(isinstance(v.const_value, ir.ExternalTensor) for v in initializers)
 
 
 def _check_overwrite(shown: str, targets: list[Path], protect: Path, model: ir.Model) -> None:
@@ -581,13 +613,13 @@ def _check_overwrite(shown: str, targets: list[Path], protect: Path, model: ir.M
                 )
 
 
-def _materialize_external_attrs(model: ir.Model) -> None:
+def _materialize_external_attrs(tensor_attrs: list[tuple[ir.Node, str, ir.Attr]]) -> None:
     """Inline external tensors held in node attributes (Constant values).
 
     onnx-ir only re-homes initializers when writing external data; an attribute tensor
     would otherwise keep a location relative to the *input* folder.
     """
-    for node, name, attr in list(_tensor_attrs(model)):
+    for node, name, attr in tensor_attrs:
         tensors = _attr_tensors(attr)
         if not any(isinstance(t, ir.ExternalTensor) for t in tensors):
             continue
@@ -655,28 +687,25 @@ def _write_model_file(proto: onnx.ModelProto, tmp: Path) -> None:
         os.fsync(f.fileno())
 
 
-def _serialize(model: ir.Model, shown: str) -> onnx.ModelProto:
+def _serialize(model: ir.Model, shown: str, weights: int) -> onnx.ModelProto:
+    """The proto; ``weights``, the bytes of all tensors, says when the 2 GiB limit could be
+    near (ByteSize() walks every byte of a proto: 2 s for VGG-19's 548 MB)."""
     proto = ir.to_proto(model)
-    # ByteSize() walks every byte of a proto with large weights (2 s for VGG-19's 548 MB);
-    # the weights' own size says when the limit could be near.
-    weights = sum(v.const_value.nbytes for v in _initializer_values(model)
-                  if v.const_value is not None)
-    weights += sum(t.nbytes for _, _, attr in _tensor_attrs(model)
-                   for t in (attr.value if isinstance(attr.value, (list, tuple)) else [attr.value]))
     if weights > _PROTOBUF_LIMIT_BYTES // 2 and proto.ByteSize() > _PROTOBUF_LIMIT_BYTES:
         raise _bad(shown, "model proto exceeds protobuf's 2 GiB limit; save with external data")
     return proto
 
 
-def _save_inline(model: ir.Model, dest: Path, shown: str) -> list[Path]:
-    values = [v for v in _initializer_values(model) if isinstance(v.const_value, ir.ExternalTensor)]
+def _save_inline(model: ir.Model, dest: Path, shown: str, contents: _Contents
+                 ) -> list[Path]:
+    values = [v for v in contents.initializers if isinstance(v.const_value, ir.ExternalTensor)]
     originals = [v.const_value for v in values]
     tmp: Path | None = None
     try:
         # serde writes ExternalTensors as references; wrap them so the bytes go inline.
         for v, t in zip(values, originals, strict=True):
             v.const_value = _inline_view(t)
-        proto = _serialize(model, shown)
+        proto = _serialize(model, shown, contents.weight_bytes())
         tmp = _make_temp(dest)
         _write_model_file(proto, tmp)
         del proto
@@ -692,7 +721,8 @@ def _save_inline(model: ir.Model, dest: Path, shown: str) -> list[Path]:
     return [dest]
 
 
-def _save_external(model: ir.Model, dest: Path, data_dest: Path, shown: str) -> list[Path]:
+def _save_external(model: ir.Model, dest: Path, data_dest: Path, shown: str,
+                   contents: _Contents) -> list[Path]:
     """Write ``dest`` + ``dest.data`` so that the pair only appears once both are complete.
 
     Order: stream tensors into a temp data file (old data file untouched, so lazy tensors
@@ -703,7 +733,7 @@ def _save_external(model: ir.Model, dest: Path, data_dest: Path, shown: str) -> 
     beside the old model file.
     """
     parent = dest.parent
-    values = [v for v in _initializer_values(model) if v.const_value is not None]
+    values = [v for v in contents.initializers if v.const_value is not None]
     originals = {id(v): v.const_value for v in values}
     big = [v for v in values if _tensor_nbytes(v.const_value) >= EXTERNAL_TENSOR_MIN_BYTES]
     big_ids = {id(v) for v in big}
@@ -741,7 +771,7 @@ def _save_external(model: ir.Model, dest: Path, data_dest: Path, shown: str) -> 
                 )
         for v in small_external:
             v.const_value = _to_memory_tensor(originals[id(v)])
-        proto = _serialize(model, shown)
+        proto = _serialize(model, shown, contents.weight_bytes())
         tmp_model = _make_temp(dest)
         _write_model_file(proto, tmp_model)
         del proto
@@ -800,11 +830,12 @@ def save_model(
         raise _bad(shown, f"output folder {dest.parent} does not exist")
     data_dest = dest.with_name(dest.name + ".data")
 
-    total = sum(_value_nbytes(v) for v in _initializer_values(model))
+    contents = _Contents.of(model)
+    total = sum(_value_nbytes(v) for v in contents.initializers)
     use_external = (
         external_data
         if external_data is not None
-        else total > EXTERNAL_DATA_AUTO_BYTES or _had_external_data(model)
+        else total > EXTERNAL_DATA_AUTO_BYTES or _had_external_data(model, contents.initializers)
     )
     if not use_external and total > _PROTOBUF_LIMIT_BYTES:
         raise _bad(
@@ -816,11 +847,11 @@ def save_model(
         targets = [dest, data_dest] if use_external else [dest]
         _check_overwrite(shown, targets, overwrite_protect, model)
 
-    _materialize_external_attrs(model)
+    _materialize_external_attrs(contents.tensor_attrs)
     try:
         if use_external:
-            return _save_external(model, dest, data_dest, shown)
-        return _save_inline(model, dest, shown)
+            return _save_external(model, dest, data_dest, shown, contents)
+        return _save_inline(model, dest, shown, contents)
     except OSError as e:
         where = os.fspath(e.filename) if e.filename else shown
         raise _bad(shown, f"saving failed ({where}: {e.strerror or e})") from None
