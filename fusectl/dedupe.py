@@ -15,10 +15,12 @@ chunks without copies.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections import defaultdict
 from collections.abc import Iterable
 
 import numpy as np
+import onnx
 import onnx_ir as ir
 
 MAX_BYTES = 256 << 20
@@ -44,13 +46,16 @@ def merge_equal_initializers(graph: ir.Graph, *, max_bytes: int = MAX_BYTES) -> 
     """
     by_layout: dict[tuple[object, ...], list[ir.Value]] = defaultdict(list)
     small: dict[tuple[object, ...], list[ir.Value]] = defaultdict(list)
-    for value in graph.initializers.values():
+    small_limit = min(2 * SAMPLE_BYTES, max_bytes + 1)
+    initializers = graph.initializers
+    # The dict behind onnx-ir's UserDict (read only): no Python-level __getitem__ per item.
+    for value in getattr(initializers, "data", initializers).values():
         tensor = value.const_value
         if tensor is None or value.is_graph_input() or value.is_graph_output():
             continue
-        layout = _small_layout(value, max_bytes)
-        if layout is not None:  # the whole content is the key: no sampling, no hashing
-            small[(*layout, tensor.tobytes())].append(value)
+        key = _small_key(tensor, small_limit)
+        if key is not None:  # the whole content is the key: no sampling, no hashing
+            small[key].append(value)
             continue
         if tensor.nbytes > max_bytes:
             continue
@@ -86,23 +91,54 @@ def _merge_identical(graph: ir.Graph, values: list[ir.Value]) -> int:
     return merged
 
 
-def _small_layout(value: ir.Value, max_bytes: int) -> tuple[object, ...] | None:
-    """(dtype, shape) of a numeric tensor below 2 x SAMPLE_BYTES (and max_bytes) in memory, read
-    from the tensor itself, or None. Most initializers are small (norm scales, biases,
-    shape constants): they are keyed by their bytes directly, a hundredth of the cost."""
-    tensor = value.const_value
-    if tensor is None or isinstance(tensor, ir.ExternalTensor):
+def _small_key(tensor: ir.TensorProtocol, limit: int) -> tuple[object, ...] | None:
+    """(dtype code, shape, bytes) of a numeric tensor in memory below ``limit`` bytes, or None.
+    Most initializers are small (norm scales, biases, shape constants): they are keyed by
+    their bytes directly, a hundredth of the cost of hashing. The dtype is a plain int:
+    hashing an enum member is a Python call.
+
+    A tensor straight from the file is read from its proto (dims, data type and raw bytes
+    as stored, which is what ``tobytes`` returns for them): a 100k-node graph has 166k
+    such tensors, and building a Shape per tensor was most of this function's time."""
+    if type(tensor) is ir.serde.TensorProtoTensor:
+        proto = tensor.raw
+        if proto.HasField("raw_data") and proto.data_location != onnx.TensorProto.EXTERNAL:
+            sized = _sized_dtype(proto.data_type)
+            if sized is None:
+                return None
+            dtype, itemsize = sized
+            if dtype not in _VALIDATED_ON_READ:
+                shape = tuple(proto.dims)
+                if math.prod(shape) * itemsize >= limit:
+                    return None
+                return proto.data_type, shape, proto.raw_data
+    elif isinstance(tensor, ir.ExternalTensor):
         return None
-    dtype = tensor.dtype
-    if dtype == ir.DataType.STRING or dtype.itemsize is None:
+    sized = _sized_dtype(tensor.dtype)
+    if sized is None:
         return None
+    dtype, itemsize = sized
     shape = tuple(tensor.shape)
-    size = 1
-    for dim in shape:
-        size *= dim
-    if size * dtype.itemsize >= min(2 * SAMPLE_BYTES, max_bytes + 1):
+    if math.prod(shape) * itemsize >= limit:
         return None
-    return dtype, shape
+    return int(dtype), shape, tensor.tobytes()
+
+
+_VALIDATED_ON_READ = frozenset({ir.DataType.FLOAT6E2M3, ir.DataType.FLOAT6E3M2})
+"""Packed types whose ``tobytes`` checks the packing (and raises on a bad one)."""
+
+_SIZED: dict[int, tuple[ir.DataType, float] | None] = {}
+
+
+def _sized_dtype(code: int) -> tuple[ir.DataType, float] | None:
+    """The DataType of ``code`` and its size in bytes, or None for strings (compared framed,
+    not by their bytes). Raises as ``ir.DataType`` and ``DataType.itemsize`` do for codes
+    without a size."""
+    if code not in _SIZED:
+        dtype = ir.DataType(code)
+        itemsize = None if dtype == ir.DataType.STRING else dtype.itemsize
+        _SIZED[code] = None if itemsize is None else (dtype, itemsize)
+    return _SIZED[code]
 
 
 def _merge_into_first(graph: ir.Graph, values: list[ir.Value]) -> int:

@@ -21,10 +21,10 @@ import onnx_ir as ir
 from onnx_ir.passes.common import (
     CommonSubexpressionEliminationPass,
     LiftConstantsToInitializersPass,
-    RemoveUnusedNodesPass,
 )
 from onnxscript.optimizer import fold_constants
 
+from .deadcode import remove_unused
 from .dedupe import merge_equal_initializers
 from .shapes import infer_model_shapes
 from .traffic import can_fold  # the traffic model's notion of a node folding removes
@@ -118,7 +118,7 @@ def prepare(model: ir.Model, *, fold: bool = True) -> PrepareResult:
         LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0)(model)
         merge_equal_initializers(model.graph)
         CommonSubexpressionEliminationPass()(model)
-        RemoveUnusedNodesPass()(model)  # what folding and merging left unread, dead nodes
+        remove_unused(model)  # what folding and merging left unread, dead nodes
         _drop_output_identities(model.graph)
         if modified and not retyped:
             shapes_inferred = infer_model_shapes(model) or shapes_inferred
@@ -166,9 +166,10 @@ def _fold_left_constants(model: ir.Model, failed: set[ir.Node]) -> bool:
     opset = model.opset_imports.get("", 1)
     folded = False
     for node in list(graph):  # graph order: a computed node makes its readers candidates
-        if node.domain != "" or node.op_type in KEPT_CONSTANT_OPS or node in failed \
-                or not can_fold(node) or not node.inputs \
-                or not all(_small_constant(v) for v in node.inputs):
+        # Cheapest tests first: few nodes have only constant inputs.
+        if node.domain != "" or not node.inputs \
+                or not all(_small_constant(v) for v in node.inputs) \
+                or node.op_type in KEPT_CONSTANT_OPS or node in failed or not can_fold(node):
             continue
         shapes = _static_output_shapes(node)
         if shapes is None or _elements(shapes) > FOLD_OUTPUT_LIMIT:
@@ -341,7 +342,7 @@ def tidy(model: ir.Model, created: Collection[str] = ()) -> None:
     are inferred again, for the traffic model."""
     _merge_equal_constants(model.graph, created)
     CommonSubexpressionEliminationPass()(model)
-    RemoveUnusedNodesPass()(model)
+    remove_unused(model)
     _drop_output_identities(model.graph)
     # New nodes were typed one by one; where that left a dtype or a dimension unknown
     # (a shape computed at run time), the whole model sees more.
@@ -369,12 +370,15 @@ def _drop_output_identities(graph: ir.Graph) -> None:
 
 
 def _has_unknown_shapes(graph: ir.Graph) -> bool:
+    """Whether a node output lacks a type, a shape or a dimension (a symbol is known)."""
     for node in graph:
         for value in node.outputs:
-            if value.type is None or value.shape is None:
+            shape = value.shape
+            if value.type is None or shape is None:
                 return True
-            if any(not isinstance(d, int) and d.value is None for d in value.shape.dims):
-                return True
+            for dim in shape:  # iterating the shape itself: no tuple of dims per value
+                if not isinstance(dim, int) and dim.value is None:
+                    return True
     return False
 
 
@@ -424,4 +428,4 @@ def _should_fold(node: ir.Node) -> bool | None:
 
 
 def _count_nodes(model: ir.Model) -> int:
-    return sum(1 for _ in model.graph)
+    return len(model.graph)  # the main graph's nodes (the linked list keeps its length)

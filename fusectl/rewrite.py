@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import onnx_ir as ir
-from onnx_ir.passes.common import RemoveUnusedNodesPass, TopologicalSortPass
+from onnx_ir.passes.common import TopologicalSortPass
 
 from . import traffic
 from .compile import CompiledRule, NoRewrite, Rewrite
+from .deadcode import remove_unused
 from .shapes import infer_node
 
 RULE_TAG = "fusectl.rule"
@@ -462,7 +463,7 @@ def _infer_new_shapes(nodes: Sequence[ir.Node], model: ir.Model) -> None:
 
 def _cleanup(model: ir.Model) -> None:
     """Drop what rewriting left unused (old weights, folded constants), keep order valid."""
-    RemoveUnusedNodesPass()(model)
+    remove_unused(model)
     for graph in _graphs(model):
         if graph is model.graph:
             continue

@@ -7,6 +7,7 @@ after that only new nodes need shapes, and onnx infers one node at a time.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import onnx
@@ -165,10 +166,20 @@ def merge_inferred_shapes(graph: ir.Graph, proto: onnx.GraphProto, *,
     """Copy inferred types and shapes onto the values of ``graph`` (and its subgraphs, which
     the proto lists in the same node order); True when something changed.
     ``keep_signature`` leaves the main graph's inputs and outputs as declared."""
+    return _merge_graph(graph, proto, keep_signature, {})
+
+
+def _merge_graph(graph: ir.Graph, proto: onnx.GraphProto, keep_signature: bool,
+                 seen: dict[bytes, _TensorFacts | None]) -> bool:
+    """merge_inferred_shapes; ``seen`` holds the facts of each distinct inferred type met so
+    far (a 100k-node graph has a handful: reading each once halves the merge)."""
     types = {info.name: info.type for part in (proto.input, proto.value_info, proto.output)
              for info in part}
     modified = False
-    values = [*graph.inputs, *graph.initializers.values(),
+    initializers = graph.initializers
+    values = [*graph.inputs,
+              # the dict behind onnx-ir's UserDict: no Python-level __getitem__ per item
+              *getattr(initializers, "data", initializers).values(),
               *(out for node in graph for out in node.outputs)]
     if keep_signature:
         declared = {id(v) for v in (*graph.inputs, *graph.outputs)}
@@ -176,27 +187,57 @@ def merge_inferred_shapes(graph: ir.Graph, proto: onnx.GraphProto, *,
     for value in values:
         inferred = types.get(value.name) if value.name else None
         if inferred is not None:
-            modified |= _set_type(value, inferred)
-    for node, node_proto in zip(graph, proto.node, strict=False):
-        for attr in node.attributes.values():
-            if attr.is_ref() or attr.type not in (ir.AttributeType.GRAPH,
-                                                  ir.AttributeType.GRAPHS):
-                continue
+            modified |= _set_type(value, inferred, seen)
+    for index, node in enumerate(graph):
+        attributes = node.attributes
+        subgraphs = [attr for attr in getattr(attributes, "data", attributes).values()
+                     if attr.type in _SUBGRAPH_ATTRIBUTES and not attr.is_ref()]
+        if not subgraphs or index >= len(proto.node):
+            continue
+        node_proto = proto.node[index]
+        for attr in subgraphs:
             attr_proto = next((a for a in node_proto.attribute if a.name == attr.name), None)
             if attr_proto is None:
                 continue
             if attr.type == ir.AttributeType.GRAPH:
-                modified |= merge_inferred_shapes(attr.value, attr_proto.g)
+                modified |= _merge_graph(attr.value, attr_proto.g, False, seen)
             else:
                 for sub, sub_proto in zip(attr.value, attr_proto.graphs, strict=False):
-                    modified |= merge_inferred_shapes(sub, sub_proto)
+                    modified |= _merge_graph(sub, sub_proto, False, seen)
     return modified
 
 
-def _set_type(value: ir.Value, inferred: onnx.TypeProto) -> bool:
+_SUBGRAPH_ATTRIBUTES = frozenset({ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS})
+
+
+@dataclass(frozen=True)
+class _TensorFacts:
+    """An inferred tensor type as plain values: its dtype (None: not inferred) and its dims
+    (None: no shape; a dim is an int, a symbol or None when unknown)."""
+
+    dtype: ir.DataType | None
+    dims: tuple[int | str | None, ...] | None
+
+
+def _tensor_facts(inferred: onnx.TypeProto) -> _TensorFacts | None:
+    """The facts of a tensor type, or None for any other type (sequences, optionals)."""
+    if not inferred.HasField("tensor_type"):
+        return None
+    tensor = inferred.tensor_type
+    return _TensorFacts(ir.DataType(tensor.elem_type) if tensor.elem_type else None,
+                        tuple(_dims(tensor.shape)) if tensor.HasField("shape") else None)
+
+
+def _set_type(value: ir.Value, inferred: onnx.TypeProto,
+              seen: dict[bytes, _TensorFacts | None]) -> bool:
     """Take the inferred dtype and shape when they differ from the value's (onnx's inference
     starts from the value's own, so the inferred one is at least as precise)."""
-    if not inferred.HasField("tensor_type"):  # sequences, optionals: rare, the slow path
+    key = inferred.SerializeToString()  # equal types, equal bytes: one reading per type
+    if key in seen:
+        facts = seen[key]
+    else:
+        facts = seen[key] = _tensor_facts(inferred)
+    if facts is None:  # sequences, optionals: rare, the slow path
         if inferred.WhichOneof("value") is None:
             return False
         new_type = ir.serde.deserialize_type_proto_for_type(inferred)
@@ -209,13 +250,13 @@ def _set_type(value: ir.Value, inferred: onnx.TypeProto) -> bool:
             value.shape = new_shape
             modified = True
         return modified
-    tensor = inferred.tensor_type
     modified = False
-    if tensor.elem_type and (value.type is None or value.dtype != tensor.elem_type):
-        value.dtype = ir.DataType(tensor.elem_type)
+    dtype = facts.dtype
+    if dtype is not None and (value.type is None or value.dtype != dtype):
+        value.dtype = dtype
         modified = True
-    if tensor.HasField("shape"):
-        dims = tuple(_dims(tensor.shape))
+    dims = facts.dims
+    if dims is not None:
         current = value.shape
         if current is None or tuple(_plain_dim(d) for d in current.dims) != dims:
             value.shape = ir.Shape(dims)

@@ -120,6 +120,29 @@ def test_equal_strings_are_merged_and_different_ones_are_not() -> None:
     assert [node.inputs[0].name for node in graph] == ["A", "A", "C"]
 
 
+def test_one_tensor_stored_three_ways_is_merged_and_its_look_alikes_are_not() -> None:
+    """Raw bytes in the file, typed float_data in the file, an in-memory array (what the
+    folder makes): one tensor, one initializer. The same bytes as another shape or dtype
+    stay apart."""
+    w = np.array([[1.5, -2.0], [0.25, 3.0]], np.float32)
+    stored = [nh.from_array(w, "raw"),
+              oh.make_tensor("typed", TensorProto.FLOAT, [2, 2], w.reshape(-1).tolist()),
+              nh.from_array(w.reshape(4), "flat"),
+              nh.from_array(w.view(np.int32), "ints")]
+    assert stored[0].HasField("raw_data") and not stored[1].HasField("raw_data")
+    names = ["raw", "typed", "flat", "ints", "memory"]
+    graph = oh.make_graph([oh.make_node("Identity", [n], [f"y{n}"]) for n in names[:4]], "g",
+                          [], [oh.make_empty_tensor_value_info(f"y{n}") for n in names[:4]],
+                          stored)
+    model = ir.serde.deserialize_model(oh.make_model(graph))
+    memory = ir.Value(name="memory", const_value=ir.Tensor(w.copy(), name="memory"))
+    model.graph.initializers.add(memory)
+    model.graph.append(ir.node("Identity", [memory]))
+    assert merge_equal_initializers(model.graph) == 2
+    assert [node.inputs[0].name for node in model.graph] == ["raw", "raw", "flat", "ints", "raw"]
+    assert list(model.graph.initializers) == ["raw", "flat", "ints"]
+
+
 # --------------------------------------------------------------------------- must not
 
 

@@ -1,10 +1,14 @@
-"""shapes.infer_node: values made by rules get types and shapes, contrib kernels included."""
+"""shapes.infer_node: values made by rules get types and shapes, contrib kernels included;
+shapes.merge_inferred_shapes: onnx's inferred types land on the IR values."""
 
 from __future__ import annotations
 
+import onnx
 import onnx_ir as ir
+from onnx import TensorProto
+from onnx import helper as oh
 
-from fusectl.shapes import infer_node
+from fusectl.shapes import infer_node, infer_proto_shapes, merge_inferred_shapes
 
 OPSETS = {"": 17, "com.microsoft": 1}
 
@@ -36,3 +40,76 @@ def test_unknown_contrib_kernel_stays_untyped() -> None:
     node = ir.Node("com.microsoft", "SomethingNew", [_value("x", [2, 3])])
     assert not infer_node(node, OPSETS)
     assert node.outputs[0].shape is None and node.outputs[0].type is None
+
+
+# --------------------------------------------------------------------------- merging
+
+
+def _merged(proto: onnx.ModelProto, **kwargs: bool) -> tuple[ir.Model, bool]:
+    """The IR of ``proto`` with onnx's inferred types merged in, and whether they changed it."""
+    model = ir.serde.deserialize_model(proto)
+    changed = merge_inferred_shapes(model.graph, infer_proto_shapes(proto).graph, **kwargs)
+    return model, changed
+
+
+def _values(model: ir.Model) -> dict[str, ir.Value]:
+    return {v.name: v for node in model.graph for v in node.outputs}
+
+
+def _chain_model(declared: list[int | str | None] | None = None) -> onnx.ModelProto:
+    """x[2,3] -> Relu -> Neg -> Transpose -> y: two values of one type, then a [3,2]."""
+    graph = oh.make_graph(
+        [oh.make_node("Relu", ["x"], ["a"]), oh.make_node("Neg", ["a"], ["b"]),
+         oh.make_node("Transpose", ["b"], ["y"], perm=[1, 0])], "g",
+        [oh.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [oh.make_tensor_value_info("y", TensorProto.FLOAT, declared)])
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+
+
+def test_merged_values_of_one_type_get_shapes_of_their_own() -> None:
+    model, changed = _merged(_chain_model())
+    values = _values(model)
+    assert changed
+    assert [(values[n].dtype, values[n].shape) for n in "aby"] == [
+        (ir.DataType.FLOAT, ir.Shape([2, 3])), (ir.DataType.FLOAT, ir.Shape([2, 3])),
+        (ir.DataType.FLOAT, ir.Shape([3, 2]))]
+    values["a"].shape[0] = 5  # an unfrozen shape, as before; b's is not the same object
+    assert values["b"].shape == ir.Shape([2, 3])
+    assert values["a"].type is not values["b"].type
+
+
+def test_merging_again_changes_nothing() -> None:
+    proto = _chain_model()
+    model, _ = _merged(proto)
+    assert not merge_inferred_shapes(model.graph, infer_proto_shapes(proto).graph)
+
+
+def test_a_vaguer_declared_output_is_refined_unless_the_signature_is_kept() -> None:
+    model, _ = _merged(_chain_model(["N", None]))
+    assert model.graph.outputs[0].shape == ir.Shape([3, 2])
+    kept, _ = _merged(_chain_model(["N", None]), keep_signature=True)
+    assert kept.graph.outputs[0].shape == ir.Shape(["N", None])
+
+
+def test_sequences_and_subgraph_values_are_typed() -> None:
+    then = oh.make_graph([oh.make_node("Neg", ["x"], ["t"])], "then", [],
+                         [oh.make_tensor_value_info("t", TensorProto.FLOAT, None)])
+    other = oh.make_graph([oh.make_node("Abs", ["x"], ["e"])], "else", [],
+                          [oh.make_tensor_value_info("e", TensorProto.FLOAT, None)])
+    graph = oh.make_graph(
+        [oh.make_node("SequenceConstruct", ["x", "x"], ["seq"]),
+         oh.make_node("SequenceAt", ["seq", "zero"], ["first"]),
+         oh.make_node("If", ["cond"], ["y"], then_branch=then, else_branch=other)], "g",
+        [oh.make_tensor_value_info("x", TensorProto.FLOAT, [4]),
+         oh.make_tensor_value_info("cond", TensorProto.BOOL, [])],
+        [oh.make_tensor_value_info("first", TensorProto.FLOAT, None),
+         oh.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [oh.make_tensor("zero", TensorProto.INT64, [], [0])])
+    model, _ = _merged(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)]))
+    values = _values(model)
+    assert values["seq"].type == ir.SequenceType(ir.TensorType(ir.DataType.FLOAT))
+    assert values["first"].shape == ir.Shape([4])
+    branches = model.graph[2].attributes
+    for name in ("then_branch", "else_branch"):
+        (out,) = branches[name].as_graph().outputs
+        assert (out.dtype, out.shape) == (ir.DataType.FLOAT, ir.Shape([4]))
