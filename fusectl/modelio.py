@@ -521,13 +521,13 @@ INFER_AT_LOAD_LIMIT = 256 << 20
 """Protos up to this size get onnx's shape inference before onnx-ir sees them."""
 
 
-def _inferred_shapes(proto: onnx.ModelProto) -> onnx.ModelProto | None:
+def _inferred_shapes(proto: onnx.ModelProto, size: int | None) -> onnx.ModelProto | None:
     """onnx's shape inference on the proto as parsed: in C++ that costs a microsecond a
     node, where inferring on the IR later costs fifty (onnx-ir serializes the graph first).
     The types are copied onto the IR after deserializing (onnx-ir reads value_info slowly).
     Bigger protos (embedded weights) would be copied twice, so they, and models onnx cannot
     infer, are left to preparation's inference."""
-    if proto.ByteSize() > INFER_AT_LOAD_LIMIT:
+    if (proto.ByteSize() if size is None else size) > INFER_AT_LOAD_LIMIT:
         return None
     try:
         return infer_proto_shapes(proto)
@@ -546,11 +546,12 @@ def _set_base_dir(model: ir.Model, base_dir: str) -> None:
                 tensor.base_dir = base_dir
 
 
-def from_proto(proto: onnx.ModelProto) -> ir.Model:
+def from_proto(proto: onnx.ModelProto, *, size: int | None = None) -> ir.Model:
     """The IR of a checked proto, typed by onnx's inference, ``-1`` dims read as dynamic
-    (remembered, so the saved signature declares them again). ``proto`` is modified."""
+    (remembered, so the saved signature declares them again). ``proto`` is modified.
+    ``size`` is its serialized size when known (the file's length), else protobuf's."""
     declared = _clear_negative_dims(proto)
-    inferred = _inferred_shapes(proto)
+    inferred = _inferred_shapes(proto, size)
     model = ir.serde.deserialize_model(proto)
     if inferred is not None:
         merge_inferred_shapes(model.graph, inferred.graph, keep_signature=True)
@@ -570,12 +571,13 @@ def load_model(path: str | Path) -> ir.Model:
     p = Path(path)
     data = _read_model_bytes(p)
     proto = _parse_model_proto(p, data)
+    size = len(data)  # the proto's size: asking protobuf walks the whole message again
     del data
     base_dir = os.path.dirname(os.path.abspath(p))
     data_files = _check_external_data(p, proto, base_dir)
     _run_checker(p, proto, external=bool(data_files))
     try:
-        model = from_proto(proto)
+        model = from_proto(proto, size=size)
     except Exception as e:  # malformed graphs surface here; the user needs one line
         cause = _root_cause(e)  # onnx-ir wraps the real reason in "Error calling ..." layers
         raise _bad(p, f"not a valid ONNX model ({_one_line(cause)})") from None
