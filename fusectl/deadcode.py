@@ -22,14 +22,12 @@ What is removed, exactly as onnx-ir 1.1 does (``tests/test_deadcode.py`` compare
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TypeVar
 
 import onnx
 import onnx_ir as ir
 
-T = TypeVar("T")
+from .irdata import plain
 
 _STANDARD_DOMAINS = frozenset({"", "onnx.ai"})
 """The domains whose optional outputs onnx-ir's pass trims (sic: "onnx.ai"; onnx-ir turns
@@ -83,7 +81,7 @@ def remove_unused(model: ir.Model) -> int:
     outputs = frozenset(graph.outputs)
     inputs = frozenset(graph.inputs)
     initializers = graph.initializers
-    unread = [name for name, value in _plain(initializers).items()
+    unread = [name for name, value in plain(initializers).items()
               if not (value.uses() or value in outputs or value in inputs)]
     for name in unread:
         del initializers[name]
@@ -91,13 +89,6 @@ def remove_unused(model: ir.Model) -> int:
     for function in model.functions.values():
         count += _remove_unused_in(function, function.opset_imports.get(""))
     return count
-
-
-def _plain(mapping: Mapping[str, T]) -> Mapping[str, T]:
-    """The dict behind onnx-ir's UserDict containers (read-only use): iterating it directly
-    skips a Python-level ``__getitem__`` per item."""
-    data = getattr(mapping, "data", None)
-    return data if isinstance(data, dict) else mapping
 
 
 def _remove_unused_in(graph: ir.Graph | ir.Function, opset: int | None) -> int:
@@ -130,7 +121,7 @@ def _remove_unused_in(graph: ir.Graph | ir.Function, opset: int | None) -> int:
                 facts = facts_of[key] = _output_facts(*key, opset)
             if facts is not None:
                 _trim_optional_outputs(node, facts, outputs)
-        attributes = _plain(node.attributes)
+        attributes = plain(node.attributes)
         if attributes:
             for attr in attributes.values():
                 kind = attr.type

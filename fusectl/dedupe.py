@@ -23,6 +23,8 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
+from .irdata import plain
+
 MAX_BYTES = 256 << 20
 """Tensors larger than this are never compared. Merging a pair reads both tensors twice
 (hash, then byte comparison): at the ~0.8 GB/s hashing measured on the reference machine this
@@ -48,8 +50,7 @@ def merge_equal_initializers(graph: ir.Graph, *, max_bytes: int = MAX_BYTES) -> 
     small: dict[tuple[object, ...], list[ir.Value]] = defaultdict(list)
     small_limit = min(2 * SAMPLE_BYTES, max_bytes + 1)
     initializers = graph.initializers
-    # The dict behind onnx-ir's UserDict (read only): no Python-level __getitem__ per item.
-    for value in getattr(initializers, "data", initializers).values():
+    for value in plain(initializers).values():
         tensor = value.const_value
         if tensor is None or value.is_graph_input() or value.is_graph_output():
             continue

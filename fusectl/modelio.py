@@ -139,27 +139,15 @@ def _tensor_attrs(model: ir.Model) -> Iterator[tuple[ir.Node, str, ir.Attr]]:
 
 @dataclass(frozen=True)
 class _Contents:
-    """The initializers and tensor attributes of every graph, found in one walk: saving a
-    100k-node model walked the graphs five times for them (a second of a three-second
-    save)."""
+    """The initializers and tensor attributes of every graph, found once per save: saving a
+    100k-node model walked the graphs five times for them."""
 
     initializers: list[ir.Value]
     tensor_attrs: list[tuple[ir.Node, str, ir.Attr]]
 
     @classmethod
     def of(cls, model: ir.Model) -> _Contents:
-        initializers: list[ir.Value] = []
-        tensor_attrs: list[tuple[ir.Node, str, ir.Attr]] = []
-        tensor_types = (ir.AttributeType.TENSOR, ir.AttributeType.TENSORS)
-        for g in _iter_graph_likes(model):
-            if isinstance(g, ir.Graph):
-                initializers.extend(g.initializers.values())
-            for node in g:
-                for name, attr in node.attributes.items():
-                    if attr.type in tensor_types and not attr.is_ref() \
-                            and attr.value is not None:
-                        tensor_attrs.append((node, name, attr))
-        return cls(initializers, tensor_attrs)
+        return cls(_initializer_values(model), list(_tensor_attrs(model)))
 
     def weight_bytes(self) -> int:
         """Bytes of every tensor the proto will hold (external ones included)."""

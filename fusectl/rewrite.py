@@ -179,6 +179,15 @@ def apply_rules(
     meter = traffic.Meter(dims=dims)
     last_run: dict[tuple[int, int], int] = {}  # (rule, graph) -> number of its last run
     run = 0
+
+    def commit(rewrite: Rewrite, graph: ir.Graph, pass_number: int) -> None:
+        """Apply, record it, and remember where the graph changed and what ops it has."""
+        read = touched.read_by(rewrite)
+        applications.append(_apply(model, graph, rewrite, names, pass_number, meter))
+        touched.record(rewrite, read, run)
+        present[id(graph)].update((n.domain, n.op_type) for n in rewrite.new_nodes)
+        indexes[id(graph)].invalidate()
+
     for pass_number in range(1, max_passes + 1):
         passes = pass_number
         fired = 0
@@ -190,8 +199,7 @@ def apply_rules(
         for rule in active:
             roots = rule.root_ops
             for graph in graphs:
-                ops = present[id(graph)]
-                if ops.isdisjoint(roots):
+                if present[id(graph)].isdisjoint(roots):
                     continue
                 run += 1
                 since = last_run.get((id(rule), id(graph))) if incremental else None
@@ -209,13 +217,7 @@ def apply_rules(
                             continue
                         if accept and not accept(rewrite.rule_id, _matched_names(rewrite)):
                             continue
-                        read = touched.read_by(rewrite)
-                        applications.append(
-                            _apply(model, graph, rewrite, names, pass_number, meter)
-                        )
-                        touched.record(rewrite, read, run)
-                        ops.update((n.domain, n.op_type) for n in rewrite.new_nodes)
-                        indexes[id(graph)].invalidate()
+                        commit(rewrite, graph, pass_number)
                         fired += 1
                     continue
                 cap = len(graph) + 1
@@ -240,16 +242,10 @@ def apply_rules(
                         continue
                     if accept and not accept(rewrite.rule_id, _matched_names(rewrite)):
                         continue
-                    read = touched.read_by(rewrite)
-                    applications.append(
-                        _apply(model, graph, rewrite, names, pass_number, meter)
-                    )
-                    touched.record(rewrite, read, run)
-                    ops.update((n.domain, n.op_type) for n in rewrite.new_nodes)
+                    commit(rewrite, graph, pass_number)
                     # New nodes this rule may root at are visited in this pass too.
                     candidates.extend(n for n in rewrite.new_nodes
                                       if (n.domain, n.op_type) in roots)
-                    indexes[id(graph)].invalidate()
                     count += 1
                     fired += 1
         if not fired:

@@ -14,6 +14,8 @@ import onnx
 import onnx_ir as ir
 from onnx_ir.passes.common import _c_api_utils
 
+from .irdata import plain
+
 DATA_LIMIT = 1024
 """Constant inputs up to this many elements are given to inference as data."""
 
@@ -176,10 +178,8 @@ def _merge_graph(graph: ir.Graph, proto: onnx.GraphProto, keep_signature: bool,
     types = {info.name: info.type for part in (proto.input, proto.value_info, proto.output)
              for info in part}
     modified = False
-    initializers = graph.initializers
     values = [*graph.inputs,
-              # the dict behind onnx-ir's UserDict: no Python-level __getitem__ per item
-              *getattr(initializers, "data", initializers).values(),
+              *plain(graph.initializers).values(),
               *(out for node in graph for out in node.outputs)]
     if keep_signature:
         declared = {id(v) for v in (*graph.inputs, *graph.outputs)}
@@ -189,8 +189,7 @@ def _merge_graph(graph: ir.Graph, proto: onnx.GraphProto, keep_signature: bool,
         if inferred is not None:
             modified |= _set_type(value, inferred, seen)
     for index, node in enumerate(graph):
-        attributes = node.attributes
-        subgraphs = [attr for attr in getattr(attributes, "data", attributes).values()
+        subgraphs = [attr for attr in plain(node.attributes).values()
                      if attr.type in _SUBGRAPH_ATTRIBUTES and not attr.is_ref()]
         if not subgraphs or index >= len(proto.node):
             continue
