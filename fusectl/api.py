@@ -126,21 +126,30 @@ def select_rules(
     exclude: Iterable[str] = (),
     *,
     opt_in: bool = False,
+    also_opt_in: Iterable[str] = (),
 ) -> list[Rule]:
     """Keep rules whose id matches any ``include`` glob (all if none) and no ``exclude`` glob.
-    An opt-in rule is kept only when an ``include`` glob names it, or with ``opt_in`` (rule
-    listings and rule tests see every rule)."""
-    include, exclude = list(include), list(exclude)
+    An opt-in rule is kept only when an ``include`` or ``also_opt_in`` glob names it, or with
+    ``opt_in`` (rule listings and rule tests see every rule). ``also_opt_in`` adds opt-in
+    rules to the default selection instead of replacing it, as ``include`` does."""
+    include, exclude, also = list(include), list(exclude), list(also_opt_in)
+
+    def named(rule: Rule, globs: list[str]) -> bool:
+        return any(fnmatch.fnmatchcase(rule.id, g) for g in globs)
 
     def included(rule: Rule) -> bool:
-        named = any(fnmatch.fnmatchcase(rule.id, g) for g in include)
-        return named or (not include and (opt_in or not rule.opt_in))
+        if include:
+            return named(rule, include)
+        return not rule.opt_in or opt_in or named(rule, also)
 
-    chosen = [r for r in rules
-              if included(r) and not any(fnmatch.fnmatchcase(r.id, g) for g in exclude)]
+    chosen = [r for r in rules if included(r) and not named(r, exclude)]
     for pattern in include:
         if not any(fnmatch.fnmatchcase(r.id, pattern) for r in rules):
             raise BadInputError(f"--rule {pattern!r} matches no rule")
+    for pattern in also:
+        if not any(r.opt_in and fnmatch.fnmatchcase(r.id, pattern) for r in rules):
+            raise BadInputError(f"--opt-in {pattern!r} matches no opt-in rule "
+                                f"(`fusectl rules list` marks them)")
     return chosen
 
 
@@ -153,10 +162,12 @@ def load_rule_set(
     exclude: Iterable[str] = (),
     target: str | Path | Target = "onnx",
     opt_in: bool = False,
+    also_opt_in: Iterable[str] = (),
 ) -> list[CompiledRule]:
     """Built-in rules (unless disabled), user rule files/folders, then the target file's
     rules (they run last, on what the standard fusions left), selected and compiled.
-    Opt-in rules come only when ``include`` names them or ``opt_in`` is set."""
+    Opt-in rules come only when ``include`` or ``also_opt_in`` names them or ``opt_in`` is
+    set."""
     builtin_paths = builtin_rule_paths() if builtin else []
     all_paths: list[str | Path] = list(builtin_paths)
     for path in paths:
@@ -168,7 +179,8 @@ def load_rule_set(
     clash = {r.id for r in rules} & {r.id for r in extra}
     if clash:
         raise BadInputError(f"target file redefines rule(s) {', '.join(sorted(clash))}")
-    selected = select_rules([*rules, *extra], include, exclude, opt_in=opt_in)
+    selected = select_rules([*rules, *extra], include, exclude, opt_in=opt_in,
+                            also_opt_in=also_opt_in)
     # The built-in library is tested rule by rule: its patterns are built on first use.
     builtin_files = {str(f) for folder in builtin_paths for f in rule_files(folder)}
     return compile_rules(selected, lazy=[r for r in selected if r.file in builtin_files])

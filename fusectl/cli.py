@@ -92,6 +92,8 @@ _RULE_SELECTION = [
                  help="Only rules whose id matches this glob (repeatable)."),
     click.option("--skip-rule", "exclude", multiple=True, metavar="ID",
                  help="Skip rules whose id matches this glob (repeatable)."),
+    click.option("--opt-in", "also_opt_in", multiple=True, metavar="ID",
+                 help="Also run the opt-in rules whose id matches this glob (repeatable)."),
 ]
 """Which rules run: optimize and report take the same options."""
 
@@ -177,6 +179,7 @@ def cli() -> None:
               "matches and the top nodes by traffic.")
 def optimize(model: Path, output: Path | None, rule_paths: tuple[Path, ...],
              no_builtin_rules: bool, include: tuple[str, ...], exclude: tuple[str, ...],
+             also_opt_in: tuple[str, ...],
              target: str, opset: int | None, dims: tuple[str, ...],
              input_files: tuple[str, ...], inputs_npz: str | None,
              input_ranges: tuple[str, ...], seed: int, samples: int, atol: float | None,
@@ -211,7 +214,8 @@ def optimize(model: Path, output: Path | None, rule_paths: tuple[Path, ...],
     gates = Gates(fail_under_saved, fail_under_fusions, required_rules)
     active = resolve_target(target)
     rules = api.load_rule_set(rule_paths, builtin=not no_builtin_rules, include=include,
-                              exclude=exclude, target=active)
+                              exclude=exclude, also_opt_in=also_opt_in,
+                              target=active)
     gates.check_rules_exist(r.id for r in rules)
     options = _validation_options(input_files, inputs_npz, bound, seed, samples, ranges,
                                   rtol, atol)
@@ -308,6 +312,7 @@ def _write_reports(document: dict, paths: dict[str, str | None]) -> None:
 @click.option("-v", "--verbose", is_flag=True, help="Also list every kernel and skipped rules.")
 def report_command(model: Path, device: str, conv_algo: str, rule_paths: tuple[Path, ...],
                    no_builtin_rules: bool, include: tuple[str, ...], exclude: tuple[str, ...],
+                   also_opt_in: tuple[str, ...],
                    target: str, opset: int | None, dims: tuple[str, ...], top: int,
                    json_path: str | None, markdown_path: str | None, junit_path: str | None,
                    html_path: str | None, quiet: bool, verbose: bool) -> None:
@@ -329,7 +334,8 @@ def report_command(model: Path, device: str, conv_algo: str, rule_paths: tuple[P
     profile = load_device(device)
     active = resolve_target(target)
     rules = api.load_rule_set(rule_paths, builtin=not no_builtin_rules, include=include,
-                              exclude=exclude, target=active)
+                              exclude=exclude, also_opt_in=also_opt_in,
+                              target=active)
     with _status(quiet) as say:
         say("measuring and dry-running the rules")
         result = report_model(model, rules=rules, target=active, opset=opset, dims=bound,
@@ -409,7 +415,7 @@ def rules_list(rule_paths: tuple[Path, ...], no_builtin_rules: bool) -> None:
         opsets = ", ".join(f"{d or 'ai.onnx'} {r.text}" for d, r in rule.rule.when.opsets)
         summary = rule.rule.summary
         if rule.rule.opt_in:
-            summary = f"opt-in (--rule {rule.id}): {rule.rule.opt_in}. {summary}"
+            summary = f"opt-in (--opt-in {rule.id}): {rule.rule.opt_in}. {summary}"
         table.add_row(*(Text(cell) for cell in (
             rule.id, opsets or "any", ", ".join(rule.rule.when.targets),
             str(len(rule.rule.tests)), summary)))
@@ -431,7 +437,7 @@ def rules_show(rule_id: str, rule_paths: tuple[Path, ...]) -> None:
         show(rule.id, f"  ({rule.source})")
         _stdout.print(rule.summary, markup=False)
         if rule.opt_in:
-            show("opt-in", f" (runs only when --rule names it): {rule.opt_in}")
+            show("opt-in", f" (runs only when --opt-in or --rule names it): {rule.opt_in}")
         if rule.group is not None:
             show("group", f" shared={rule.group.shared} min={rule.group.min_size} key="
                           f"{[k.source for k in rule.group.key]}")

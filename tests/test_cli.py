@@ -172,7 +172,8 @@ def test_rules_commands(capsys):
 
 def test_opt_in_rule_listed_shown_and_run_only_when_named(capsys, tmp_path: Path):
     code, out, _ = run(capsys, "rules", "list")  # a narrow table: cells wrap
-    assert code == 0 and out.count("opt-in") == 1 and "ort-skip-rmsn" in out
+    # ort-skip-rmsnorm and the five SkipLayerNormalization rules (slow CPU kernels)
+    assert code == 0 and out.count("(--opt-in") == 6 and "ort-skip-rmsn" in out
     code, out, _ = run(capsys, "rules", "show", "ort-skip-rmsnorm")
     assert code == 0 and "opt-in" in out and "bench/kernels.py" in " ".join(out.split())
     model = onnx.parser.parse_model("""
@@ -191,6 +192,36 @@ def test_opt_in_rule_listed_shown_and_run_only_when_named(capsys, tmp_path: Path
         assert code == 0, err
         applied = {a["rule"] for a in json.loads(report.read_text())["applications"]}
         assert ("ort-skip-rmsnorm" in applied) is fired, (extra, applied)
+
+
+def test_opt_in_adds_to_the_default_rules(capsys, tmp_path: Path):
+    """--opt-in runs the named opt-in rules and the default library alike (--rule would run
+    only the rules it names); a glob naming no opt-in rule is refused."""
+    model = onnx.parser.parse_model("""
+        <ir_version: 9, opset_import: ["" : 17]>
+        g (float[2,8,16] a, float[2,8,16] b) => (float[2,8,16] z)
+        <float[16] gamma = {1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7,
+                            1.8, 1.9, 2.0, 2.1, 2.2, 2.3, 2.4, 2.5}, float[16] beta = {
+                            0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7,
+                            0.8, 0.9, 1.0, 1.1, 1.2, 1.3, 1.4, 1.5},
+         float sqrt2 = {1.4142135}, float one = {1.0}, float half = {0.5}>
+        { s = Add(a, b)
+          n = LayerNormalization<axis=-1, epsilon=1e-5>(s, gamma, beta)
+          r = Div(n, sqrt2)  e = Erf(r)  p = Add(e, one)  q = Mul(n, p)  z = Mul(q, half) }
+    """)
+    path = tmp_path / "block.onnx"
+    onnx.save(model, path)
+    for extra, skip_fused in (((), False), (("--opt-in", "ort-skip-layernorm*"), True)):
+        report = tmp_path / "r.json"
+        code, _, err = run(capsys, "optimize", path, "-o", tmp_path / "o.onnx", "--target",
+                           "onnxruntime", "--json", report, *extra)
+        assert code == 0, err
+        applied = {a["rule"] for a in json.loads(report.read_text())["applications"]}
+        assert "ort-gelu-erf" in applied, (extra, applied)
+        assert ("ort-skip-layernorm" in applied) is skip_fused, (extra, applied)
+    code, _, err = run(capsys, "optimize", path, "-o", tmp_path / "o2.onnx", "--opt-in",
+                       "conv-bn-*")
+    assert code == 2 and "matches no opt-in rule" in err and not (tmp_path / "o2.onnx").exists()
 
 
 def test_version_and_help(capsys):
