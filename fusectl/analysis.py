@@ -29,6 +29,7 @@ from .traffic import TrafficReport
 __all__ = [
     "REPORT_SCHEMA",
     "ModelReport",
+    "OptInSummary",
     "RuleSummary",
     "report_document",
     "report_model",
@@ -50,6 +51,20 @@ class RuleSummary:
 
 
 @dataclass(frozen=True)
+class OptInSummary:
+    """What the opt-in rules the selection left out would add: a second dry run with them,
+    so a user sees a fusion that is off by default (and why) instead of missing it."""
+
+    rules: tuple[RuleSummary, ...]
+    """The left-out opt-in rules that would fire, in first-application order."""
+    reasons: dict[str, str]
+    """Why each of them is off by default (its ``opt_in`` text)."""
+    bytes_saved: int
+    """Bytes the run with them saves beyond the run without (may be negative)."""
+    kernels_saved: int
+
+
+@dataclass(frozen=True)
 class ModelReport:
     """Traffic, FLOPs and roofline of a model before and after a dry run of the rules."""
 
@@ -62,6 +77,8 @@ class ModelReport:
     dry_run: OptimizeResult
     roofline_before: Roofline
     roofline_after: Roofline
+    opt_in: OptInSummary | None = None
+    """What the left-out opt-in rules would add; None when none of them applies."""
 
     @property
     def before(self) -> TrafficReport:
@@ -76,19 +93,7 @@ class ModelReport:
     @property
     def rules(self) -> tuple[RuleSummary, ...]:
         """Rules that would fire, in first-application order."""
-        by_rule: dict[str, list[Application]] = {}
-        for app in self.dry_run.rewrite.applications:
-            by_rule.setdefault(app.rule_id, []).append(app)
-        return tuple(
-            RuleSummary(
-                rule_id,
-                len(apps),
-                sum(a.bytes_saved for a in apps),
-                sum(len(a.matched) - len(a.created) for a in apps),
-                tuple(a.matched for a in apps),
-            )
-            for rule_id, apps in by_rule.items()
-        )
+        return _summaries(self.dry_run.rewrite.applications)
 
     def rule_of_node(self) -> tuple[dict[str, str], dict[str, str]]:
         """(original node name -> rule that fused it, new node name -> rule that made it).
@@ -115,10 +120,27 @@ class ModelReport:
         return ranked[: max(self.top, 0)]
 
 
+def _summaries(applications: Sequence[Application]) -> tuple[RuleSummary, ...]:
+    by_rule: dict[str, list[Application]] = {}
+    for app in applications:
+        by_rule.setdefault(app.rule_id, []).append(app)
+    return tuple(
+        RuleSummary(
+            rule_id,
+            len(apps),
+            sum(a.bytes_saved for a in apps),
+            sum(len(a.matched) - len(a.created) for a in apps),
+            tuple(a.matched for a in apps),
+        )
+        for rule_id, apps in by_rule.items()
+    )
+
+
 def report_model(
     model: str | Path | ir.Model,
     *,
     rules: Sequence[CompiledRule] | None = None,
+    with_opt_in: Sequence[CompiledRule] = (),
     target: str | Path | Target = "onnx",
     opset: int | None = None,
     dims: Mapping[str, int] | None = None,
@@ -131,13 +153,31 @@ def report_model(
 
     ``device`` is a built-in profile name (cpu, a100, h100), a YAML file or a Device;
     ``conv_algo`` is direct, im2col or indirect; ``top`` is how many of the heaviest
-    kernels :meth:`ModelReport.top_nodes` lists.
+    kernels :meth:`ModelReport.top_nodes` lists. ``with_opt_in`` is the rule set with the
+    opt-in rules (``load_rule_set(..., opt_in=True)``): when an opt-in rule that ``rules``
+    left out applies to the model, a second dry run says what it would add.
     """
     profile = load_device(device)  # a bad profile fails before any model work
     active = resolve_target(target)
     bound = dict(dims or {})
     result = optimize(model, rules=rules, target=active, opset=opset, dims=bound, check=False,
                       fold_constants=fold_constants, conv_algo=conv_algo)
+    chosen = {r.id for r in rules} if rules is not None else None
+    left_out = {r.id: r.rule.opt_in for r in with_opt_in
+                if r.rule.opt_in and (chosen is None or r.id not in chosen)
+                and not r.skip_reason(result.model, active.names)}
+    opt_in = None
+    if left_out:
+        wider = [r for r in with_opt_in
+                 if r.id in left_out or (chosen is None and not r.rule.opt_in)
+                 or (chosen is not None and r.id in chosen)]
+        again = optimize(model, rules=wider, target=active, opset=opset, dims=bound,
+                         check=False, fold_constants=fold_constants, conv_algo=conv_algo)
+        fired = _summaries([a for a in again.rewrite.applications if a.rule_id in left_out])
+        opt_in = OptInSummary(
+            fired, {r.rule_id: left_out[r.rule_id] for r in fired},
+            result.traffic_after.total_bytes - again.traffic_after.total_bytes,
+            result.traffic_after.kernel_count - again.traffic_after.kernel_count)
     return ModelReport(
         source=result.source,
         target=_target_name(target, active),
@@ -148,6 +188,7 @@ def report_model(
         dry_run=result,
         roofline_before=roofline(result.traffic_before, profile),
         roofline_after=roofline(result.traffic_after, profile),
+        opt_in=opt_in,
     )
 
 
@@ -262,6 +303,11 @@ def report_document(report: ModelReport) -> dict[str, Any]:
                 for r in report.rules
             ],
             "skipped": [{"id": rule_id, "reason": reason} for rule_id, reason in rewrite.skipped],
+            "opt_in_would_fire": [] if report.opt_in is None else [
+                {"id": r.rule_id, "applications": r.applications, "bytes_saved": r.bytes_saved,
+                 "kernels_saved": r.kernels_saved, "why_off": report.opt_in.reasons[r.rule_id]}
+                for r in report.opt_in.rules
+            ],
             "passes": rewrite.passes,
             "converged": rewrite.converged,
         },

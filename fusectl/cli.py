@@ -336,9 +336,12 @@ def report_command(model: Path, device: str, conv_algo: str, rule_paths: tuple[P
     rules = api.load_rule_set(rule_paths, builtin=not no_builtin_rules, include=include,
                               exclude=exclude, also_opt_in=also_opt_in,
                               target=active)
+    with_opt_in = [] if include else api.load_rule_set(
+        rule_paths, builtin=not no_builtin_rules, exclude=exclude, target=active, opt_in=True)
     with _status(quiet) as say:
         say("measuring and dry-running the rules")
-        result = report_model(model, rules=rules, target=active, opset=opset, dims=bound,
+        result = report_model(model, rules=rules, with_opt_in=with_opt_in, target=active,
+                              opset=opset, dims=bound,
                               device=profile, conv_algo=conv_algo, top=top)
     _write_reports(report_document(result), paths)
     if not quiet:

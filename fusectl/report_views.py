@@ -139,6 +139,18 @@ def print_report(report: ModelReport, console: Console, *, verbose: bool = False
         ))
     else:
         console.print("no rule would fire")
+    opt_in = report.opt_in
+    if opt_in is not None and opt_in.rules:
+        columns = ("rule", "applications", "bytes saved", *(("why it is off",) if verbose else ()))
+        console.print(_table(
+            f"Opt-in rules that would also fire (--opt-in ID): {human_bytes(opt_in.bytes_saved)} "
+            f"and {opt_in.kernels_saved} kernels more"
+            + ("" if verbose else " (--verbose says why they are off)"),
+            columns,
+            ([r.rule_id, str(r.applications), human_bytes(r.bytes_saved),
+              *((opt_in.reasons[r.rule_id],) if verbose else ())] for r in opt_in.rules),
+            right=("applications", "bytes saved"),
+        ))
     skipped = report.dry_run.rewrite.skipped
     if verbose:
         console.print(_table("All kernels (before)", _NODE_COLUMNS,

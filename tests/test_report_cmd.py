@@ -280,3 +280,41 @@ def test_table_cells_are_literal_text() -> None:
     console.print(text_table("t", ("node", "reason"), [("conv[red]1[/red]", "pads [1, 1]")]))
     shown = console.export_text()
     assert "conv[red]1[/red]" in shown and "pads [1, 1]" in shown
+
+
+SKIP_NORM_MODEL = """<ir_version: 9, opset_import: ["" : 17]>
+g (float[2,8,16] a, float[2,8,16] b) => (float[2,8,16] z)
+<float[16] gamma = {1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7,
+                    1.8, 1.9, 2.0, 2.1, 2.2, 2.3, 2.4, 2.5}>
+{ s = Add(a, b)  z = LayerNormalization<axis=-1, epsilon=1e-5>(s, gamma) }"""
+
+
+@pytest.mark.parametrize(("args", "off_fires", "on_fires"), [
+    (("--target", "onnxruntime"), True, False),  # off by default: the report says so
+    (("--target", "onnxruntime", "--opt-in", "ort-skip-layernorm"), False, True),
+    (("--target", "onnx"), False, False),  # not a rule of this target
+])
+def test_report_names_opt_in_rules_that_would_fire(capsys, tmp_path: Path, args, off_fires,
+                                                   on_fires) -> None:
+    """An opt-in rule left out is dry-run too, so the report says what it would add and
+    why it is off instead of staying silent about a fusion the user may want."""
+    path = tmp_path / "skip.onnx"
+    onnx.save(onnx.parser.parse_model(SKIP_NORM_MODEL), path)
+    doc_path = tmp_path / "r.json"
+    code, out, err = run(capsys, "report", path, "--json", doc_path, "--markdown",
+                         tmp_path / "r.md", "--verbose", *args)
+    assert code == 0, err
+    doc = json.loads(doc_path.read_text())
+    jsonschema.validate(doc, SCHEMA)
+    off = doc["rules"]["opt_in_would_fire"]
+    fired = {r["id"] for r in doc["rules"]["would_fire"]}
+    assert ("ort-skip-layernorm" in fired) is on_fires
+    if off_fires:
+        assert [(r["id"], r["applications"], r["kernels_saved"]) for r in off] == [
+            ("ort-skip-layernorm", 1, 1)]
+        assert off[0]["bytes_saved"] == 2 * 2 * 8 * 16 * 4  # the sum, written and read
+        assert "bench/kernels.py" in off[0]["why_off"]
+        assert "Opt-in rules that would also fire" in out
+        assert "`ort-skip-layernorm`" in (tmp_path / "r.md").read_text()
+    else:
+        assert off == [] and "Opt-in rules" not in out

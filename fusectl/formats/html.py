@@ -585,6 +585,13 @@ def _report(doc: Mapping[str, Any]) -> str:
     fire = list((doc.get("rules") or {}).get("would_fire") or [])
     body.append("<h2>Rules that would fire (dry run)</h2>")
     body.append(_rules_table(fire, colours, kernels=True) if fire else "<p>None.</p>")
+    opt_in = list((doc.get("rules") or {}).get("opt_in_would_fire") or [])
+    if opt_in:
+        body += ["<h2>Opt-in rules that would also fire (--opt-in ID)</h2>",
+                 _table(("rule", "applications", "bytes saved", "why it is off"),
+                        [(esc(r.get("id", "")), esc(r.get("applications", 0)),
+                          esc(human_bytes(int(r.get("bytes_saved", 0)))),
+                          esc(r.get("why_off", ""))) for r in opt_in], numeric=(1, 2))]
     rows = []
     for label, key, fmt in (("bytes moved", "bytes", human_bytes),
                             ("FLOPs", "flops", "{:,}".format),

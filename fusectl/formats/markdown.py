@@ -210,6 +210,14 @@ def _report(doc: Mapping[str, Any]) -> str:
                        right=(1, 2, 3)) + more
     else:
         lines.append("None.")
+    opt_in = (doc.get("rules") or {}).get("opt_in_would_fire") or []
+    if opt_in:
+        rows, more = _cut([(code(r.get("id", "")), str(r.get("applications", 0)),
+                            human_bytes(int(r.get("bytes_saved", 0))),
+                            escape(r.get("why_off", ""))) for r in opt_in], "rules")
+        lines += ["", "### Opt-in rules that would also fire (`--opt-in ID`)", "",
+                  *table(("rule", "applications", "bytes saved", "why it is off"), rows,
+                         right=(1, 2)), *more]
     top = list(doc.get("top_nodes") or [])
     if top:
         rows = [(code(n.get("name", "")), escape(n.get("op", "")),
