@@ -80,54 +80,66 @@ def prepare(model: ir.Model, *, fold: bool = True) -> PrepareResult:
     # Models loaded from a file were inferred on their proto already (modelio).
     shapes_inferred = _has_unknown_shapes(model.graph) and infer_model_shapes(model)
     if fold:
-        # Shapes first (with onnx's data propagation): Shape/Size of statically shaped
-        # values (the runtime shape arithmetic exporters emit, e.g. attention's
-        # sqrt(head_dim)) fold only when the folder can see them. The folder's own
-        # node-by-node inference is off: it costs ten times the folding itself, and one
-        # whole-model inference afterwards types what folding created.
-        modified = retyped = False
-        failed: set[ir.Node] = set()  # nodes onnx's reference could not compute either
-        for _ in range(MAX_FOLD_ROUNDS):
-            with warnings.catch_warnings(), np.errstate(all="ignore"):
-                # numpy's warnings while computing constants (log of 0 in a mask) are not
-                # the user's business: -q prints errors only
-                warnings.simplefilter("ignore", RuntimeWarning)
-                changed = _fold(model)
-                # typed constants: the folder folds what reads them on the next round
-                evaluated = _fold_left_constants(model, failed)
-            modified |= changed or evaluated
-            retyped = False
-            if evaluated:
-                continue
-            # A folded shape makes the next value static: Shape(Reshape(x, folded)) folds
-            # only once that value is typed again. Refold only when a shape query can now go.
-            if not changed or not _has_shape_queries(model.graph):
-                break
-            shapes_inferred = infer_model_shapes(model) or shapes_inferred
-            retyped = True
-            if not _has_static_shape_queries(model.graph):
-                break
-        if modified:
-            _retype_folded_strings(model.graph)
-        # Constant nodes become initializers (what every peer does), equal weights one
-        # initializer, and identical nodes computing the same value are merged (onnxruntime's
-        # basic level and onnx-simplifier do). Safe below IR 4 too: the caller detached the
-        # initializers from the inputs (detach_legacy_initializer_inputs) and lists the
-        # remaining ones again before saving; a dropped one left listed would become a
-        # required input on onnxruntime.
-        LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0)(model)
-        merge_equal_initializers(model.graph)
-        CommonSubexpressionEliminationPass()(model)
-        remove_unused(model)  # what folding and merging left unread, dead nodes
-        _drop_output_identities(model.graph)
-        if modified and not retyped:
-            shapes_inferred = infer_model_shapes(model) or shapes_inferred
+        shapes_inferred = _fold_everything(model) or shapes_inferred
     return PrepareResult(before - _count_nodes(model), shapes_inferred)
 
 
-MAX_FOLD_ROUNDS = 3
+def _fold_everything(model: ir.Model) -> bool:
+    """Fold what is constant, lift Constant nodes to initializers, merge duplicates; True
+    when shapes were inferred again."""
+    # Shapes first (with onnx's data propagation): Shape/Size of statically shaped
+    # values (the runtime shape arithmetic exporters emit, e.g. attention's
+    # sqrt(head_dim)) fold only when the folder can see them. The folder's own
+    # node-by-node inference is off: it costs ten times the folding itself, and one
+    # whole-model inference afterwards types what folding created.
+    shapes_inferred = modified = retyped = False
+    failed: set[ir.Node] = set()  # nodes onnx's reference could not compute either
+    for _ in range(MAX_FOLD_ROUNDS):
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            # numpy's warnings while computing constants (log of 0 in a mask) are not
+            # the user's business: -q prints errors only
+            warnings.simplefilter("ignore", RuntimeWarning)
+            changed = _fold(model)
+            # typed constants: the folder folds what reads them on the next round
+            evaluated = _fold_left_constants(model, failed)
+        modified |= changed or evaluated
+        retyped = False
+        if evaluated:
+            continue
+        # A folded shape makes the next value static: Shape(Reshape(x, folded)) folds
+        # only once that value is typed again. Refold only when a shape query can now go.
+        if changed and _has_shape_queries(model.graph):
+            shapes_inferred = infer_model_shapes(model) or shapes_inferred
+            retyped = True
+            if _has_static_shape_queries(model.graph):
+                continue
+        # Last, the static dims of shapes that stay partly dynamic: earlier, they would
+        # fold pieces of a chain that becomes wholly static once retyped.
+        if not _fold_static_shape_reads(model.graph):
+            break
+        modified, retyped = True, False
+    if modified:
+        _retype_folded_strings(model.graph)
+    # Constant nodes become initializers (what every peer does), equal weights one
+    # initializer, and identical nodes computing the same value are merged (onnxruntime's
+    # basic level and onnx-simplifier do). Safe below IR 4 too: the caller detached the
+    # initializers from the inputs (detach_legacy_initializer_inputs) and lists the
+    # remaining ones again before saving; a dropped one left listed would become a
+    # required input on onnxruntime.
+    LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0)(model)
+    merge_equal_initializers(model.graph)
+    CommonSubexpressionEliminationPass()(model)
+    remove_unused(model)  # what folding and merging left unread, dead nodes
+    _drop_output_identities(model.graph)
+    if modified and not retyped:
+        shapes_inferred = infer_model_shapes(model) or shapes_inferred
+    return shapes_inferred
+
+
+MAX_FOLD_ROUNDS = 4
 """Fold, retype, fold again: enough for the shape chains exporters write (a Reshape to a
-folded shape whose own Shape feeds the next Reshape)."""
+folded shape whose own Shape feeds the next Reshape), then the static dims of the shapes
+that stay partly dynamic and what reads them."""
 SHAPE_QUERY_OPS = frozenset({"Shape", "Size"})
 
 
@@ -179,16 +191,74 @@ def _fold_left_constants(model: ir.Model, failed: set[ir.Node]) -> bool:
             failed.add(node)
             continue
         for value, array in zip(node.outputs, arrays, strict=True):
-            if not value.uses() and not value.is_graph_output():
-                continue
-            name, value.name = value.name, None
-            constant = ir.Value(name=name, type=ir.TensorType(ir.DataType.from_numpy(
-                array.dtype)), shape=ir.Shape(array.shape), const_value=ir.Tensor(array))
-            graph.register_initializer(constant)
-            ir.convenience.replace_all_uses_with(value, constant, replace_graph_outputs=True)
+            if value.uses() or value.is_graph_output():
+                _become_constant(graph, value, array)
         graph.remove(node, safe=True)
         folded = True
     return folded
+
+
+def _become_constant(graph: ir.Graph, value: ir.Value, array: np.ndarray) -> None:
+    """Replace ``value`` everywhere by an initializer holding ``array`` (under its name)."""
+    name, value.name = value.name, None
+    constant = ir.Value(name=name, type=ir.TensorType(ir.DataType.from_numpy(array.dtype)),
+                        shape=ir.Shape(array.shape), const_value=ir.Tensor(array))
+    graph.register_initializer(constant)
+    ir.convenience.replace_all_uses_with(value, constant, replace_graph_outputs=True)
+
+
+def _has_static_shape_reads(graph: ir.Graph) -> bool:
+    """A Gather that ``_fold_static_shape_reads`` would turn into a constant."""
+    return any(_static_shape_read(node) is not None for node in graph)
+
+
+def _static_shape_read(node: ir.Node) -> np.ndarray | None:
+    """What ``Gather(Shape(x), i)`` computes when the dims it reads are static, else None."""
+    if node.op_type != "Gather" or node.domain != "" or len(node.inputs) != 2:
+        return None
+    data, indices = node.inputs
+    query = data.producer() if data is not None else None
+    if query is None or query.op_type != "Shape" or query.domain != "" \
+            or node.attributes.get_int("axis", 0) != 0:
+        return None
+    return _static_dims_at(query, indices)
+
+
+def _fold_static_shape_reads(graph: ir.Graph) -> bool:
+    """``Gather(Shape(x), i)`` at constant indices whose dims of ``x`` are static becomes a
+    constant, however dynamic x's other dims are: TorchScript reads one dim with a scalar
+    index (``x.size(1)``; an LSTM's ``h0 = zeros(2, b, H)`` under a dynamic image width),
+    which onnxscript 0.7's folder leaves (it folds 1-D indices only). The Unsqueeze, Concat
+    and ConstantOfShape reading it fold on the next round. Not when x is a graph output:
+    its dims may be only declared (an OCR model declares [1, seqlen] for a 3-D output)."""
+    folded = False
+    for node in list(graph):
+        picked = _static_shape_read(node)
+        if picked is not None:
+            _become_constant(graph, node.outputs[0], picked)
+            graph.remove(node, safe=True)
+            folded = True
+    return folded
+
+
+def _static_dims_at(query: ir.Node, indices: ir.Value | None) -> np.ndarray | None:
+    """The dims a Gather at ``indices`` reads from the output of the Shape node ``query``,
+    as the int64 array it would produce, or None when one of them is not static."""
+    source = query.inputs[0] if query.inputs else None
+    if source is None or source.shape is None or source.is_graph_output() \
+            or indices is None or indices.const_value is None or indices.is_graph_input():
+        return None
+    # Shape-15's start/end clamp and count from the end as Python's slices do
+    dims = source.shape.dims[query.attributes.get_int("start", 0):
+                             query.attributes.get_int("end", None)]
+    index = indices.const_value.numpy()
+    if index.ndim > 1 or index.dtype.kind not in "iu" \
+            or any(not -len(dims) <= int(i) < len(dims) for i in index.reshape(-1)):
+        return None
+    picked = [dims[int(i)] for i in index.reshape(-1)]
+    if not all(isinstance(d, int) and d >= 0 for d in picked):
+        return None
+    return np.asarray(picked, dtype=np.int64).reshape(index.shape)
 
 
 def _small_constant(value: ir.Value | None) -> bool:
@@ -348,6 +418,10 @@ def tidy(model: ir.Model, created: Collection[str] = ()) -> None:
     # (a shape computed at run time), the whole model sees more.
     if _has_unknown_shapes(model.graph):
         infer_model_shapes(model)
+    # A dim the rewrite made static (a Reshape to a materialized target) that a Shape
+    # reads: what reads it folds now, as in prepare (an LSTM's h0 sized by that dim).
+    if _has_static_shape_reads(model.graph):
+        _fold_everything(model)
 
 
 def _drop_output_identities(graph: ir.Graph) -> None:

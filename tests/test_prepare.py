@@ -7,6 +7,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 import onnxruntime as ort
+import pytest
 from onnx import numpy_helper
 
 import fusectl
@@ -197,3 +198,87 @@ def test_quantized_weights_and_random_draws_stay() -> None:
     model = ir.serde.deserialize_model(proto)
     prepare(model)
     assert [n.op_type for n in model.graph] == ["DequantizeLinear", "Bernoulli", "Mul", "Add"]
+
+
+def _ops(model: ir.Model) -> dict[str, int]:
+    ops: dict[str, int] = {}
+    for node in model.graph:
+        ops[node.op_type] = ops.get(node.op_type, 0) + 1
+    return ops
+
+
+STATIC_DIM_READ = """
+<ir_version: 9, opset_import: ["" : 12]>
+g (float[N,3,5] x) => (float[N,2,5] z)
+{
+  s = Shape(x)  d = Gather<axis=0>(s, index)  u = Unsqueeze<axes=[0]>(d)
+  t = Concat<axis=0>(two, u)  c = ConstantOfShape<value=float[1] {0.5}>(t)
+  z = MatMul(c, x)
+}
+"""
+
+
+@pytest.mark.parametrize(("index", "folds"), [
+    (np.array(1, np.int64), True),  # x.size(1): a static dim of a dynamic-batch tensor
+    (np.array(-2, np.int64), True),  # the same dim counted from the end
+    (np.array([1], np.int64), True),  # 1-D indices
+    (np.array(0, np.int64), False),  # the dynamic batch itself
+    (np.array(3, np.int64), False),  # out of range: left for the runtime to refuse
+])
+def test_static_dim_of_a_partly_dynamic_shape_folds(index: np.ndarray, folds: bool) -> None:
+    """Gather(Shape(x), i) where x's dim i is static is a constant even when x's other dims
+    are not; what reads it (Unsqueeze, Concat, ConstantOfShape) folds with it."""
+    text = STATIC_DIM_READ if index.ndim == 0 else STATIC_DIM_READ.replace(
+        "u = Unsqueeze<axes=[0]>(d)", "u = Identity(d)")
+    model = onnx.parser.parse_model(text)
+    model.graph.initializer.extend([numpy_helper.from_array(index, "index"),
+                                    numpy_helper.from_array(np.array([2], np.int64), "two")])
+    working = ir.serde.deserialize_model(model)
+    prepare(working)
+    if folds:
+        assert _ops(working) == {"MatMul": 1}
+        x = np.random.default_rng(0).normal(size=(4, 3, 5)).astype(np.float32)
+        np.testing.assert_allclose(_run(ir.serde.serialize_model(working), {"x": x})[0],
+                                   _run(model, {"x": x})[0], rtol=1e-6)
+    else:
+        assert "Gather" in _ops(working) and "ConstantOfShape" in _ops(working)
+
+
+def test_shape_start_attribute_and_graph_outputs() -> None:
+    """Shape-15's ``start`` shifts the index; a graph output's dims are only declared (an
+    exporter may declare them wrongly), so reading them is left to the run time."""
+    model = onnx.parser.parse_model("""
+        <ir_version: 9, opset_import: ["" : 18]>
+        g (float[N,3,5] x) => (float[N,3,5] y, int64 a, int64 b)
+        { s = Shape<start=1>(x)  a = Gather<axis=0>(s, zero)
+          y = Relu(x)  t = Shape(y)  b = Gather<axis=0>(t, one) }
+    """)
+    model.graph.initializer.extend([numpy_helper.from_array(np.array(0, np.int64), "zero"),
+                                    numpy_helper.from_array(np.array(1, np.int64), "one")])
+    working = ir.serde.deserialize_model(model)
+    prepare(working)
+    a = working.graph.outputs[1]
+    assert a.const_value is not None and int(a.const_value.numpy()) == 3
+    assert working.graph.outputs[2].producer().op_type == "Gather"
+
+
+def test_dim_made_static_by_the_rewrite_folds_in_tidy() -> None:
+    """ddddocr's CRNN: a Reshape to a run-time target is typed only once a rule gives it a
+    constant target; the LSTM state sized by the Reshape output's dim then folds too."""
+    model = onnx.parser.parse_model("""
+        <ir_version: 7, opset_import: ["" : 12]>
+        g (float[N,4,8] x) => (float[N,1,32] z)
+        {
+          s = Shape(x)  d0 = Gather<axis=0>(s, zero)  u0 = Unsqueeze<axes=[0]>(d0)
+          t = Concat<axis=0>(u0, one, width)  r = Reshape(x, t)
+          q = Shape(r)  e = Gather<axis=0>(q, index1)  ue = Unsqueeze<axes=[0]>(e)
+          ks = Concat<axis=0>(ue, width)  k = ConstantOfShape<value=float[1] {0.25}>(ks)
+          z = Add(r, k)
+        }
+    """)
+    model.graph.initializer.extend(numpy_helper.from_array(a, n) for n, a in (
+        ("zero", np.array(0, np.int64)), ("index1", np.array(1, np.int64)),
+        ("one", np.array([1], np.int64)), ("width", np.array([32], np.int64))))
+    result = fusectl.optimize(ir.serde.deserialize_model(model))
+    assert result.passed, result.validation
+    assert dict(result.ops_after) == {"Reshape": 1, "Add": 1}
