@@ -19,6 +19,7 @@ import onnx_ir as ir
 from . import modelio, traffic
 from .bisect import DEFAULT_BUDGET
 from .bisect import bisect as find_guilty
+from .boundshapes import bound_shapes
 from .compile import OVERLOAD_IR_VERSION, CompiledRule, compile_rules
 from .errors import BadInputError
 from .gcpolicy import fewer_collections
@@ -243,7 +244,8 @@ def optimize(
     prepared = prepare(working, fold=fold_constants)
     _name_unnamed_nodes(working)  # applications (and bisection) name the nodes they matched
     pristine = working.clone() if check and bisect else None
-    traffic_before = traffic.measure(working, dims=dims, conv_algo=conv_algo)
+    bound = bound_shapes(working, dims)  # what a dynamic width costs once --dim binds it
+    traffic_before = traffic.measure(working, dims=dims, conv_algo=conv_algo, bound=bound)
     seconds["prepare"] = time.perf_counter() - clock
 
     clock = time.perf_counter()
@@ -257,12 +259,13 @@ def optimize(
             model.ir_version = max(model.ir_version, OVERLOAD_IR_VERSION)
         reattach_legacy_initializer_inputs(model)
 
-    rewrite = apply_rules(working, rules, target=active.names, dims=dims)
+    rewrite = apply_rules(working, rules, target=active.names, dims=dims, bound=bound)
     finish(working, rewrite)
     seconds["rewrite"] = time.perf_counter() - clock
 
     clock = time.perf_counter()
-    traffic_after = traffic.measure(working, dims=dims, conv_algo=conv_algo)
+    traffic_after = traffic.measure(working, dims=dims, conv_algo=conv_algo,
+                                    bound=bound_shapes(working, dims))
     ops_after = op_histogram(working.graph)
     seconds["measure"] = time.perf_counter() - clock
 
@@ -282,7 +285,7 @@ def optimize(
             def replay(accept: Accept) -> tuple[ir.Model, RewriteResult]:
                 model = pristine.clone()
                 replayed = apply_rules(model, rules, target=active.names, dims=dims,
-                                       accept=accept)
+                                       accept=accept, bound=bound)
                 finish(model, replayed)
                 return model, replayed
 
@@ -290,7 +293,8 @@ def optimize(
                                       bisect_budget, say)
             if kept is not None:
                 working, rewrite, result_validation = kept
-                traffic_after = traffic.measure(working, dims=dims, conv_algo=conv_algo)
+                traffic_after = traffic.measure(working, dims=dims, conv_algo=conv_algo,
+                                                bound=bound_shapes(working, dims))
                 ops_after = op_histogram(working.graph)
             seconds["bisect"] = bisection.seconds
 

@@ -35,6 +35,7 @@ import numpy as np
 import onnx_ir as ir
 
 from . import __version__, modelio, traffic
+from .boundshapes import bound_shapes
 from .errors import BadInputError
 from .ruletest import op_histogram
 from .shapes import infer_model_shapes
@@ -434,7 +435,7 @@ def _measure(model: ir.Model, dims: Mapping[str, int]) -> traffic.TrafficReport:
     """Traffic of a model after onnx shape inference (which only annotates values in
     memory: nodes and initializers, what the diff compares, stay as they are)."""
     infer_model_shapes(model)
-    return traffic.measure(model, dims=dims)
+    return traffic.measure(model, dims=dims, bound=bound_shapes(model, dims))
 
 
 def diff_models(

@@ -148,6 +148,7 @@ def apply_rules(
     dims: Mapping[str, int] | None = None,
     accept: Callable[[str, tuple[str, ...]], bool] | None = None,
     incremental: bool = True,
+    bound: Mapping[str, tuple[int, ...]] | None = None,
 ) -> RewriteResult:
     """Apply ``rules`` in order, pass after pass, until nothing changes.
 
@@ -160,6 +161,8 @@ def apply_rules(
     After its first run a rule is re-tried only at nodes near which the graph changed
     since (``CompiledRule.reach``): elsewhere it would find what it found before.
     ``incremental=False`` re-tries every node on every pass (the same result, slower).
+    ``bound`` (:func:`fusectl.boundshapes.bound_shapes`) costs the values whose dims inference
+    could not name, as the traffic report does.
     """
     active: list[CompiledRule] = []
     skipped: list[tuple[str, str]] = []
@@ -176,7 +179,7 @@ def apply_rules(
     passes = 0
     converged = False
     touched = _Touched()
-    meter = traffic.Meter(dims=dims)
+    meter = traffic.Meter(dims=dims, bound=bound)
     last_run: dict[tuple[int, int], int] = {}  # (rule, graph) -> number of its last run
     run = 0
 

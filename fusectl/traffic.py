@@ -470,7 +470,8 @@ class _Ctx:
     """Per-call state: dim bindings, local functions and memo tables."""
 
     __slots__ = (
-        "dims", "functions", "conv_algo", "symbols", "shapes", "sizes", "fn_cache", "stack"
+        "dims", "functions", "conv_algo", "bound", "symbols", "shapes", "sizes", "fn_cache",
+        "stack",
     )
 
     def __init__(
@@ -478,10 +479,12 @@ class _Ctx:
         dims: Mapping[str, int],
         functions: Mapping[FunctionKey, ir.Function],
         conv_algo: str = "direct",
+        bound: Mapping[str, Dims] | None = None,
     ):
         self.dims = dims
         self.functions = functions
         self.conv_algo = conv_algo
+        self.bound = bound or {}
         self.symbols: dict[str, int | None] = {}
         self.shapes: dict[ir.Value, Dims | None] = {}
         self.sizes: dict[ir.Value, int | None] = {}
@@ -540,10 +543,14 @@ class _Ctx:
             else:
                 meta = _constant_attr_meta(value)
                 if meta is None:
-                    return None
+                    return self.bound.get(value.name) if value.name else None
                 return meta[0]
         dims: list[int] = []
         for d in shape:
+            if type(d) is not int and self.bound and value.name in self.bound:
+                # a symbolic dim: what inference gives once the inputs' dims are bound is
+                # what it stands for (an output declared [1, 8, H2, W2] behind a Conv)
+                return self.bound[value.name]
             n = self.dim(d)
             if n is None:
                 return None
@@ -1306,8 +1313,12 @@ class Meter:
         dims: Mapping[str, int] | None = None,
         functions: Mapping[FunctionKey, ir.Function] | None = None,
         conv_algo: str = "direct",
+        bound: Mapping[str, Dims] | None = None,
     ) -> None:
-        self._ctx = _Ctx(_check_dims(dims), functions or {}, _check_conv_algo(conv_algo))
+        """``bound`` is :func:`fusectl.boundshapes.bound_shapes` of the model: the static
+        shape of a value whose own shape has a dim inference could not name."""
+        self._ctx = _Ctx(_check_dims(dims), functions or {}, _check_conv_algo(conv_algo),
+                         bound)
 
     def node(self, node: ir.Node, *, constants: set[ir.Value] | None = None,
              index: int | None = None) -> NodeTraffic:
@@ -1317,17 +1328,22 @@ class Meter:
 
 
 def measure(
-    model: ir.Model, *, dims: Mapping[str, int] | None = None, conv_algo: str = "direct"
+    model: ir.Model, *, dims: Mapping[str, int] | None = None, conv_algo: str = "direct",
+    bound: Mapping[str, Dims] | None = None,
 ) -> TrafficReport:
     """Cost every node of the main graph, in graph order.
 
     Unbound named symbolic dims count as 1 (bind e.g. ``{"batch": 8}`` via ``dims``).
+    A value with a dim inference could not name (``unk__N``, behind a Conv of a dynamic
+    width) takes its shape from ``bound`` when given
+    (:func:`fusectl.boundshapes.bound_shapes`: the model prepared again with its input
+    dims bound).
     Subgraphs of If/Loop/Scan are not entered: the control-flow node is costed by its own
     inputs and outputs.  ``conv_algo`` adds the work buffers of im2col or indirect
     convolution.  Linear in graph size; never reads tensor data.
     """
     graph = model.graph
-    ctx = _Ctx(_check_dims(dims), model.functions, _check_conv_algo(conv_algo))
+    ctx = _Ctx(_check_dims(dims), model.functions, _check_conv_algo(conv_algo), bound)
     constants = constant_values(graph, legacy_inputs=model.ir_version < _LEGACY_IR_VERSION)
     is_const = constants.__contains__
     results: list[NodeTraffic] = []
