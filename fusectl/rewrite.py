@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -188,6 +188,7 @@ def apply_rules(
         read = touched.read_by(rewrite)
         applications.append(_apply(model, graph, rewrite, names, pass_number, meter))
         touched.record(rewrite, read, run)
+        touched.stamp(_type_readers(rewrite.new_nodes, model), run)
         present[id(graph)].update((n.domain, n.op_type) for n in rewrite.new_nodes)
         indexes[id(graph)].invalidate()
 
@@ -305,6 +306,11 @@ class _Touched:
                 continue
             for use in uses:
                 stamps[id(use.node)] = (use.node, run)
+
+    def stamp(self, nodes: Iterable[ir.Node], run: int) -> None:
+        """Stamp nodes changed otherwise (readers typed after an application)."""
+        for node in nodes:
+            self.stamps[id(node)] = (node, run)
 
     def near(self, node: ir.Node, reach: int, since: int) -> bool:
         """Whether a node at most ``reach`` producer hops above ``node`` (or ``node``) was
@@ -458,6 +464,33 @@ def _infer_new_shapes(nodes: Sequence[ir.Node], model: ir.Model) -> None:
     for node in nodes:
         if any(v.shape is None or v.type is None for v in node.outputs):
             infer_node(node, model.opset_imports)
+
+
+MAX_TYPED_READERS = 64
+"""Readers typed downstream of one application at most (linear cost on long chains)."""
+
+
+def _type_readers(nodes: Sequence[ir.Node], model: ir.Model) -> list[ir.Node]:
+    """Type the untyped readers downstream of the new nodes, one by one: a Reshape given a
+    constant target types the MatMul reading it, so MatMul + Add becomes a Gemm in the next
+    pass rather than never (tidy's whole-model inference comes after the rules). Returns
+    the readers typed (their output shapes changed: rules near them run again)."""
+    queue = [v for n in nodes for v in n.outputs if v.shape is not None]
+    typed: list[ir.Node] = []
+    tried: set[int] = set()
+    while queue and len(tried) < MAX_TYPED_READERS:
+        value = queue.pop()
+        for use in value.uses():
+            reader = use.node
+            if id(reader) in tried or all(o.shape is not None for o in reader.outputs):
+                continue
+            tried.add(id(reader))
+            infer_node(reader, model.opset_imports)
+            outputs = [o for o in reader.outputs if o.shape is not None]
+            if outputs:
+                typed.append(reader)
+                queue.extend(outputs)
+    return typed
 
 
 def _cleanup(model: ir.Model) -> None:

@@ -195,3 +195,29 @@ def test_a_widely_shared_constant_counts_as_changing_everything() -> None:
     few = _Touched()
     few.record(Rewrite(), [readers[0].inputs[0]], 3)  # type: ignore[arg-type]
     assert few.everything == -1 and few.near(readers[0], 0, 3)
+
+
+def _paddle_flatten() -> onnx.ModelProto:
+    """Paddle2ONNX's flatten before a classifier: the Reshape target is computed from
+    Shape, so the Reshape and the MatMul after it have no shape until a rule gives the
+    Reshape a constant target."""
+    return onnx.parser.parse_model("""
+        <ir_version: 7, opset_import: ["" : 11]>
+        g (float[N,200,1,1] x) => (float[N,2] y)
+        <int64[1] b0 = {0}, int64[1] e1 = {1}, int64[1] c = {200}, float[200,2] w = {""" +
+        ", ".join(f"{(i % 7) * 0.01:.2f}" for i in range(400)) + """}, float[2] b = {0.5, -0.5}>
+        { s = Shape(x)  a = Cast<to=6>(s)  p = Slice(a, b0, e1, b0, e1)  q = Cast<to=7>(p)
+          t = Concat<axis=0>(q, c)  r = Reshape(x, t)  m = MatMul(r, w)  y = Add(m, b) }
+    """)
+
+
+def test_readers_are_typed_after_an_application() -> None:
+    """Once the Reshape gets its constant target, the MatMul reading it is typed at once, so
+    matmul-add-to-gemm fires in the next pass (it needs the rank); the same in full passes."""
+    proto = _paddle_flatten()
+    incremental, applied, _ = _rewrite(proto, incremental=True)
+    full, applied_full, _ = _rewrite(proto, incremental=False)
+    assert applied == applied_full and _graph(incremental) == _graph(full)
+    assert [n.op_type for n in incremental.graph] == ["Reshape", "Gemm"]
+    result = fusectl.optimize(ir.serde.deserialize_model(proto))
+    assert result.passed, result.validation
