@@ -12,18 +12,15 @@ its symbolic shapes, and rules never see these.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 
 import onnx_ir as ir
 
 from .prepare import prepare
 from .shapes import infer_model_shapes
+from .traffic import unbound_dim
 
 __all__ = ["bound_shapes"]
-
-_ANONYMOUS = re.compile(r"^unk__\d+$")
-_NAMED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def bound_shapes(model: ir.Model, dims: Mapping[str, int]) -> dict[str, tuple[int, ...]]:
@@ -59,9 +56,8 @@ def _bind(dim: int | ir.SymbolicDim, dims: Mapping[str, int]) -> int | ir.Symbol
     if isinstance(dim, int) or dim.value is None:
         return dim
     name = str(dim.value)
-    if name in dims:
-        return int(dims[name])
-    return 1 if _NAMED.match(name) and not _ANONYMOUS.match(name) else dim
+    size = dims[name] if name in dims else unbound_dim(name)
+    return dim if size is None else int(size)
 
 
 def _has_unnamed_dims(graph: ir.Graph) -> bool:
@@ -79,6 +75,6 @@ def _has_unnamed_dims(graph: ir.Graph) -> bool:
                 continue
             for dim in shape:
                 if not isinstance(dim, int) and (dim.value is None
-                                                 or _ANONYMOUS.match(str(dim.value))):
+                                                 or unbound_dim(str(dim.value)) is None):
                     return True
     return False

@@ -338,6 +338,14 @@ _MISSING = object()
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _ANONYMOUS = re.compile(r"^unk__\d+$")
 
+def unbound_dim(name: str) -> int | None:
+    """What a symbolic dim no binding names counts as: 1 when named (a dynamic batch
+    defaults to 1), unknown (None) when anonymous or not a plain name (an expression)."""
+    if not _IDENTIFIER.match(name):
+        return None
+    return None if _ANONYMOUS.match(name) else 1
+
+
 _BITS: dict[ir.DataType, int] = {}
 for _dt in ir.DataType:
     with contextlib.suppress(TypeError, ValueError):  # STRING, UNDEFINED: no fixed size
@@ -504,10 +512,7 @@ class _Ctx:
             return cached  # type: ignore[return-value]
         result = self.dims.get(name)
         if result is None:
-            if _IDENTIFIER.match(name):
-                result = None if _ANONYMOUS.match(name) else 1
-            else:
-                result = self._expression(d)
+            result = unbound_dim(name) if _IDENTIFIER.match(name) else self._expression(d)
         self.symbols[name] = result
         return result
 

@@ -186,12 +186,17 @@ def test_opt_in_rule_listed_shown_and_run_only_when_named(capsys, tmp_path: Path
     path = tmp_path / "rms.onnx"
     onnx.save(model, path)
     for extra, fired in (((), False), (("--rule", "*"), True)):
-        report = tmp_path / "r.json"
-        code, _, err = run(capsys, "optimize", path, "-o", tmp_path / "o.onnx", "--target",
-                           "onnxruntime", "--json", report, *extra)
-        assert code == 0, err
-        applied = {a["rule"] for a in json.loads(report.read_text())["applications"]}
+        applied = _applied_on_onnxruntime(capsys, tmp_path, path, *extra)
         assert ("ort-skip-rmsnorm" in applied) is fired, (extra, applied)
+
+
+def _applied_on_onnxruntime(capsys, tmp_path: Path, path: Path, *extra: str) -> set[str]:
+    """The rules an optimize run with the onnxruntime target applied (from its JSON)."""
+    report = tmp_path / "r.json"
+    code, _, err = run(capsys, "optimize", path, "-o", tmp_path / "o.onnx", "--target",
+                       "onnxruntime", "--json", report, *extra)
+    assert code == 0, err
+    return {a["rule"] for a in json.loads(report.read_text())["applications"]}
 
 
 def test_opt_in_adds_to_the_default_rules(capsys, tmp_path: Path):
@@ -212,11 +217,7 @@ def test_opt_in_adds_to_the_default_rules(capsys, tmp_path: Path):
     path = tmp_path / "block.onnx"
     onnx.save(model, path)
     for extra, skip_fused in (((), False), (("--opt-in", "ort-skip-layernorm*"), True)):
-        report = tmp_path / "r.json"
-        code, _, err = run(capsys, "optimize", path, "-o", tmp_path / "o.onnx", "--target",
-                           "onnxruntime", "--json", report, *extra)
-        assert code == 0, err
-        applied = {a["rule"] for a in json.loads(report.read_text())["applications"]}
+        applied = _applied_on_onnxruntime(capsys, tmp_path, path, *extra)
         assert "ort-gelu-erf" in applied, (extra, applied)
         assert ("ort-skip-layernorm" in applied) is skip_fused, (extra, applied)
     code, _, err = run(capsys, "optimize", path, "-o", tmp_path / "o2.onnx", "--opt-in",
