@@ -302,7 +302,7 @@ def test_report_names_opt_in_rules_that_would_fire(capsys, tmp_path: Path, args,
     onnx.save(onnx.parser.parse_model(SKIP_NORM_MODEL), path)
     doc_path = tmp_path / "r.json"
     code, out, err = run(capsys, "report", path, "--json", doc_path, "--markdown",
-                         tmp_path / "r.md", "--verbose", *args)
+                         tmp_path / "r.md", "--html", tmp_path / "r.html", "--verbose", *args)
     assert code == 0, err
     doc = json.loads(doc_path.read_text())
     jsonschema.validate(doc, SCHEMA)
@@ -316,5 +316,7 @@ def test_report_names_opt_in_rules_that_would_fire(capsys, tmp_path: Path, args,
         assert "bench/kernels.py" in off[0]["why_off"]
         assert "Opt-in rules that would also fire" in out
         assert "`ort-skip-layernorm`" in (tmp_path / "r.md").read_text()
+        assert "Opt-in rules that would also fire" in (tmp_path / "r.html").read_text()
     else:
         assert off == [] and "Opt-in rules" not in out
+        assert "Opt-in rules" not in (tmp_path / "r.html").read_text()
