@@ -29,6 +29,7 @@ import onnx.version_converter
 import onnx_ir as ir
 
 from fusectl.errors import BadInputError, InternalError
+from fusectl.protowriter import Encoding, encode_model
 from fusectl.shapes import infer_proto_shapes, merge_inferred_shapes
 from fusectl.targets import set_aside_onnxruntime_ops
 
@@ -148,13 +149,6 @@ class _Contents:
     @classmethod
     def of(cls, model: ir.Model) -> _Contents:
         return cls(_initializer_values(model), list(_tensor_attrs(model)))
-
-    def weight_bytes(self) -> int:
-        """Bytes of every tensor the proto will hold (external ones included)."""
-        total = sum(v.const_value.nbytes for v in self.initializers
-                    if v.const_value is not None)
-        return total + sum(t.nbytes for _, _, attr in self.tensor_attrs
-                           for t in _attr_tensors(attr))
 
 
 def _attr_tensors(attr: ir.Attr) -> tuple[Any, ...]:
@@ -618,9 +612,9 @@ def _materialize_external_attrs(tensor_attrs: list[tuple[ir.Node, str, ir.Attr]]
         node.attributes[name] = ir.Attr(name, attr.type, value, doc_string=attr.doc_string)
 
 
-def _write_proto(proto: onnx.ModelProto, f: Any) -> None:
-    """Serialize ``proto`` into an open binary file (separate so tests can break it)."""
-    f.write(proto.SerializeToString())
+def _write_encoding(encoding: Encoding, f: Any) -> None:
+    """Write the model's bytes into an open binary file (separate so tests can break it)."""
+    encoding.write(f)
 
 
 def _fsync_path(path: Path) -> None:
@@ -670,20 +664,19 @@ def _make_temp(final: Path) -> Path:
     return Path(name)
 
 
-def _write_model_file(proto: onnx.ModelProto, tmp: Path) -> None:
+def _write_model_file(encoding: Encoding, tmp: Path) -> None:
     with open(tmp, "wb") as f:
-        _write_proto(proto, f)
+        _write_encoding(encoding, f)
         f.flush()
         os.fsync(f.fileno())
 
 
-def _serialize(model: ir.Model, shown: str, weights: int) -> onnx.ModelProto:
-    """The proto; ``weights``, the bytes of all tensors, says when the 2 GiB limit could be
-    near (ByteSize() walks every byte of a proto: 2 s for VGG-19's 548 MB)."""
-    proto = ir.to_proto(model)
-    if weights > _PROTOBUF_LIMIT_BYTES // 2 and proto.ByteSize() > _PROTOBUF_LIMIT_BYTES:
+def _encode(model: ir.Model, shown: str) -> Encoding:
+    """The model's bytes, big weights written from their own buffers (no proto copy)."""
+    encoding = encode_model(model)
+    if encoding.size > _PROTOBUF_LIMIT_BYTES:
         raise _bad(shown, "model proto exceeds protobuf's 2 GiB limit; save with external data")
-    return proto
+    return encoding
 
 
 def _save_inline(model: ir.Model, dest: Path, shown: str, contents: _Contents
@@ -695,10 +688,10 @@ def _save_inline(model: ir.Model, dest: Path, shown: str, contents: _Contents
         # serde writes ExternalTensors as references; wrap them so the bytes go inline.
         for v, t in zip(values, originals, strict=True):
             v.const_value = _inline_view(t)
-        proto = _serialize(model, shown, contents.weight_bytes())
+        encoding = _encode(model, shown)
         tmp = _make_temp(dest)
-        _write_model_file(proto, tmp)
-        del proto
+        _write_model_file(encoding, tmp)
+        del encoding
         os.replace(tmp, dest)
         tmp = None
         _fsync_dir(dest.parent)
@@ -761,10 +754,10 @@ def _save_external(model: ir.Model, dest: Path, data_dest: Path, shown: str,
                 )
         for v in small_external:
             v.const_value = _to_memory_tensor(originals[id(v)])
-        proto = _serialize(model, shown, contents.weight_bytes())
+        encoding = _encode(model, shown)
         tmp_model = _make_temp(dest)
-        _write_model_file(proto, tmp_model)
-        del proto
+        _write_model_file(encoding, tmp_model)
+        del encoding
         if tmp_data is not None:
             _fsync_path(tmp_data)
             # Drop mmaps of the data file about to be replaced (Windows cannot replace it).

@@ -513,8 +513,8 @@ def test_external_constant_attribute_is_rehomed(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------- atomicity
 
 
-def _half_then_fail(proto: onnx.ModelProto, f) -> None:  # type: ignore[no-untyped-def]
-    data = proto.SerializeToString()
+def _half_then_fail(encoding, f) -> None:  # type: ignore[no-untyped-def]
+    data = encoding.tobytes()
     f.write(data[: len(data) // 2])
     raise RuntimeError("disk on fire")
 
@@ -523,7 +523,7 @@ def test_failed_inline_save_leaves_old_file(plain_model: Path, tmp_path: Path, m
     out = tmp_path / "out.onnx"
     out.write_bytes(b"previous contents")
     before = listing(tmp_path)
-    monkeypatch.setattr(modelio, "_write_proto", _half_then_fail)
+    monkeypatch.setattr(modelio, "_write_encoding", _half_then_fail)
     with pytest.raises(RuntimeError, match="disk on fire"):
         save_model(load_model(plain_model), out)
     assert out.read_bytes() == b"previous contents"
@@ -536,7 +536,7 @@ def test_failed_external_save_leaves_old_pair(ext_model: Path, tmp_path: Path, m
     save_model(model, out)
     saved = {p: digest(p) for p in (out, tmp_path / "out.onnx.data")}
     before = listing(tmp_path)
-    monkeypatch.setattr(modelio, "_write_proto", _half_then_fail)
+    monkeypatch.setattr(modelio, "_write_encoding", _half_then_fail)
     with pytest.raises(RuntimeError):
         save_model(model, out)
     assert {p: digest(p) for p in saved} == saved
