@@ -29,7 +29,7 @@ import onnx.version_converter
 import onnx_ir as ir
 
 from fusectl.errors import BadInputError, InternalError
-from fusectl.protowriter import Encoding, encode_model
+from fusectl.protowire import Encoding, encode_model, without_weights
 from fusectl.shapes import infer_proto_shapes, merge_inferred_shapes
 from fusectl.targets import set_aside_onnxruntime_ops
 
@@ -503,16 +503,21 @@ INFER_AT_LOAD_LIMIT = 256 << 20
 """Protos up to this size get onnx's shape inference before onnx-ir sees them."""
 
 
-def _inferred_shapes(proto: onnx.ModelProto, size: int | None) -> onnx.ModelProto | None:
+def _inferred_shapes(proto: onnx.ModelProto, size: int | None,
+                     light: bytes | None = None) -> onnx.ModelProto | None:
     """onnx's shape inference on the proto as parsed: in C++ that costs a microsecond a
     node, where inferring on the IR later costs fifty (onnx-ir serializes the graph first).
     The types are copied onto the IR after deserializing (onnx-ir reads value_info slowly).
-    Bigger protos (embedded weights) would be copied twice, so they, and models onnx cannot
-    infer, are left to preparation's inference."""
+    ``light``, the proto's bytes without its big weights (``protowire.without_weights``),
+    is inferred instead when given (BERT: 42 -> 1 ms). Bigger protos that still hold their
+    weights would be copied twice, so they, and models onnx cannot infer, are left to
+    preparation's inference."""
+    if light is not None:
+        size = len(light)
     if (proto.ByteSize() if size is None else size) > INFER_AT_LOAD_LIMIT:
         return None
     try:
-        return infer_proto_shapes(proto)
+        return infer_proto_shapes(light if light is not None else proto)
     except Exception:  # noqa: BLE001 - inference is an optimisation, never fatal
         return None
 
@@ -528,12 +533,14 @@ def _set_base_dir(model: ir.Model, base_dir: str) -> None:
                 tensor.base_dir = base_dir
 
 
-def from_proto(proto: onnx.ModelProto, *, size: int | None = None) -> ir.Model:
+def from_proto(proto: onnx.ModelProto, *, size: int | None = None,
+               light: bytes | None = None) -> ir.Model:
     """The IR of a checked proto, typed by onnx's inference, ``-1`` dims read as dynamic
     (remembered, so the saved signature declares them again). ``proto`` is modified.
-    ``size`` is its serialized size when known (the file's length), else protobuf's."""
+    ``size`` is its serialized size when known (the file's length), else protobuf's;
+    ``light``, the bytes it was parsed from without their big weights, when at hand."""
     declared = _clear_negative_dims(proto)
-    inferred = _inferred_shapes(proto, size)
+    inferred = _inferred_shapes(proto, size, None if declared else light)  # light has -1s
     model = ir.serde.deserialize_model(proto)
     if inferred is not None:
         merge_inferred_shapes(model.graph, inferred.graph, keep_signature=True)
@@ -554,12 +561,13 @@ def load_model(path: str | Path) -> ir.Model:
     data = _read_model_bytes(p)
     proto = _parse_model_proto(p, data)
     size = len(data)  # the proto's size: asking protobuf walks the whole message again
+    light = without_weights(data)  # for shape inference, which would copy the weights
     del data
     base_dir = os.path.dirname(os.path.abspath(p))
     data_files = _check_external_data(p, proto, base_dir)
     _run_checker(p, proto, external=bool(data_files))
     try:
-        model = from_proto(proto, size=size)
+        model = from_proto(proto, size=size, light=light)
     except Exception as e:  # malformed graphs surface here; the user needs one line
         cause = _root_cause(e)  # onnx-ir wraps the real reason in "Error calling ..." layers
         raise _bad(p, f"not a valid ONNX model ({_one_line(cause)})") from None

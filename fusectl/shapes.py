@@ -151,7 +151,7 @@ def infer_model_shapes(model: ir.Model) -> bool:
     return merge_inferred_shapes(graph, inferred.graph)
 
 
-def infer_proto_shapes(proto: onnx.ModelProto) -> onnx.ModelProto:
+def infer_proto_shapes(proto: onnx.ModelProto | bytes) -> onnx.ModelProto:
     """onnx's inference with data propagation, strict first; when strict mode gives up on
     the whole model (an exporter declared an output with the wrong rank, which onnxruntime
     ignores), the non-strict pass still types every node it can."""

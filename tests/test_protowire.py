@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fusectl import modelio, protowriter
+from fusectl import modelio, protowire
 from fusectl.errors import BadInputError
 
 
@@ -37,9 +37,9 @@ def _model(tensors: dict[str, ir.TensorProtocol], **fields: object) -> ir.Model:
     return model
 
 
-def _assert_same_bytes(model: ir.Model, min_bytes: int = 1) -> protowriter.Encoding:
+def _assert_same_bytes(model: ir.Model, min_bytes: int = 1) -> protowire.Encoding:
     expected = ir.to_proto(model).SerializeToString()
-    encoding = protowriter.encode_model(model, min_bytes=min_bytes)
+    encoding = protowire.encode_model(model, min_bytes=min_bytes)
     assert encoding.size == len(expected)
     assert encoding.tobytes() == expected
     return encoding
@@ -107,7 +107,7 @@ def test_model_fields_on_both_sides_of_the_graph_stay_in_place() -> None:
 def test_the_model_is_left_as_it_was() -> None:
     tensors = {"a": ir.Tensor(np.ones(40, np.float32)), "b": ir.Tensor(np.zeros(9))}
     model = _model(tensors)
-    protowriter.encode_model(model, min_bytes=1)
+    protowire.encode_model(model, min_bytes=1)
     assert all(model.graph.initializers[k].const_value is t for k, t in tensors.items())
 
 
@@ -115,7 +115,7 @@ def test_an_unexpected_layout_falls_back_to_protobuf(monkeypatch) -> None:
     def refuse(*_args: object) -> None:
         raise ValueError("not here")
 
-    monkeypatch.setattr(protowriter, "_splice", refuse)
+    monkeypatch.setattr(protowire, "_splice", refuse)
     encoding = _assert_same_bytes(_model({"w": ir.Tensor(np.ones(40, np.float32))}))
     assert len(encoding.pieces) == 1
 
@@ -149,3 +149,72 @@ def test_over_protobufs_limit_is_one_line_and_nothing_written(tmp_path: Path,
         modelio.save_model(_model({"w": ir.Tensor(np.ones(1000, np.float32))}), out,
                            external_data=False)
     assert list(tmp_path.iterdir()) == []
+
+
+def _inference_model() -> onnx.ModelProto:
+    """A MatMul with big weights, then a Reshape whose target is a small initializer: its
+    output shape needs that initializer's data (data propagation), the MatMul's the
+    weights' dims only."""
+    return onnx.parser.parse_model("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[2, 256] x) => (float[4, 128] z) <int64[2] target = {4, 128}> {
+            h = MatMul(x, w)
+            y = Reshape(h, target)
+            z = Relu(y)
+        }
+    """), np.random.default_rng(3).standard_normal((256, 256)).astype(np.float32)
+
+
+def _with_weights() -> bytes:
+    proto, weights = _inference_model()
+    proto.graph.initializer.append(onnx.numpy_helper.from_array(weights, "w"))
+    return proto.SerializeToString()
+
+
+def test_without_weights_empties_only_the_big_initializers() -> None:
+    light = protowire.without_weights(_with_weights())
+    assert light is not None
+    kept = {t.name: t for t in onnx.load_from_string(light).graph.initializer}
+    assert kept["w"].raw_data == b"" and list(kept["w"].dims) == [256, 256]
+    assert onnx.numpy_helper.to_array(kept["target"]).tolist() == [4, 128]
+
+
+def test_shape_inference_reads_the_light_bytes_as_the_real_model() -> None:
+    data = _with_weights()
+    light = protowire.without_weights(data)
+    infer = onnx.shape_inference.infer_shapes
+    real, cut = (infer(b, strict_mode=True, data_prop=True).graph for b in (data, light))
+    assert cut.value_info == real.value_info
+    y = next(v for v in cut.value_info if v.name == "y")
+    assert [d.dim_value for d in y.type.tensor_type.shape.dim] == [4, 128]
+
+
+def test_without_weights_says_none_when_nothing_is_big_or_the_bytes_are_not_a_model() -> None:
+    proto, _ = _inference_model()
+    assert protowire.without_weights(proto.SerializeToString()) is None
+    assert protowire.without_weights(b"\x3a\xff\xff\xff\x0f") is None  # graph past the end
+    assert protowire.without_weights(b"\x0f") is None  # wire type 7
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=200))
+def test_without_weights_never_raises_on_junk(junk: bytes) -> None:
+    result = protowire.without_weights(junk, min_bytes=1)
+    assert result is None or isinstance(result, bytes)
+
+
+def test_a_loaded_model_is_typed_from_the_light_bytes(tmp_path: Path, monkeypatch) -> None:
+    path = tmp_path / "m.onnx"
+    path.write_bytes(_with_weights())
+    seen: list[int] = []
+    real = modelio.infer_proto_shapes
+
+    def spy(proto):  # type: ignore[no-untyped-def]
+        seen.append(len(proto) if isinstance(proto, bytes) else proto.ByteSize())
+        return real(proto)
+
+    monkeypatch.setattr(modelio, "infer_proto_shapes", spy)
+    model = modelio.load_model(path)
+    assert seen and seen[0] < 64 * 1024  # the weights (256 KiB) were left out
+    assert model.graph.node(0).outputs[0].shape == ir.Shape([2, 256])
+    assert model.graph.node(1).outputs[0].shape == ir.Shape([4, 128])

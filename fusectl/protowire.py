@@ -1,5 +1,6 @@
-"""A model's protobuf encoding with its big tensors' bytes taken straight from their arrays.
+"""Protobuf wire-level work on whole models, where going through protobuf would copy weights.
 
+Writing: a model's encoding with its big tensors' bytes taken straight from their arrays.
 Why: ``ir.to_proto(model).SerializeToString()`` copies every weight twice (array -> proto ->
 bytes) before a byte reaches the file; on VGG-19's 548 MB that was 2 of the 3.5 s a save
 took, and the copies doubled the peak memory. Here the big initializers of the main graph
@@ -8,20 +9,24 @@ the placeholders are then spliced out and the arrays' own buffers written in the
 with the three length prefixes they change (raw_data, the TensorProto entry, the graph)
 recomputed. The result is byte for byte what ``SerializeToString`` gives: protobuf writes
 fields in field-number order, and nothing else about the message moves.
+
+Reading: the model's bytes with big initializers' data cut out, for onnx's shape inference,
+which needs their types but would otherwise copy a BERT's weights four times (serialize,
+parse in C++, serialize back, parse in Python).
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import onnx
 import onnx_ir as ir
 
-__all__ = ["STREAM_MIN_BYTES", "Encoding", "encode_model"]
+__all__ = ["STREAM_MIN_BYTES", "Encoding", "encode_model", "without_weights"]
 
 #: Initializers at least this big are written from their buffers; smaller ones are not
 #: worth a splice.
@@ -200,3 +205,72 @@ def encode_model(model: ir.Model, min_bytes: int = STREAM_MIN_BYTES) -> Encoding
     except ValueError:
         return Encoding([ir.to_proto(model).SerializeToString()])  # the plain way
     return Encoding(pieces)
+
+
+def _fields(data: bytes | memoryview, start: int, end: int
+            ) -> Iterator[tuple[int, int, int, int, int]]:
+    """(field number, wire type, entry start, payload start, entry end) of each field of the
+    message in ``data[start:end]``; raises ValueError on what no ONNX proto holds."""
+    at = start
+    while at < end:
+        tag, payload = _read_varint(data, at)
+        wire = tag & 7
+        if wire == 0:
+            _, stop = _read_varint(data, payload)
+        elif wire == 1:
+            stop = payload + 8
+        elif wire == 2:
+            length, payload = _read_varint(data, payload)
+            stop = payload + length
+        elif wire == 5:
+            stop = payload + 4
+        else:
+            raise ValueError(f"wire type {wire}")
+        if stop > end:
+            raise ValueError("field runs past its message")
+        yield tag >> 3, wire, at, payload, stop
+        at = stop
+
+
+def _hollow_tensor(data: memoryview, start: int, end: int) -> bytes | None:
+    """The TensorProto in ``data[start:end]`` with an empty raw_data, or None if it has
+    no raw_data."""
+    parts: list[bytes | memoryview] = []
+    found = False
+    for field, wire, entry, _, stop in _fields(data, start, end):
+        if field == 9 and wire == 2:
+            parts.append(_RAW_DATA_TAG + b"\x00")
+            found = True
+        else:
+            parts.append(data[entry:stop])
+    return b"".join(parts) if found else None
+
+
+def without_weights(data: bytes, min_bytes: int = STREAM_MIN_BYTES) -> bytes | None:
+    """``data`` (a serialized ModelProto) with the raw_data of every main-graph initializer
+    of at least ``min_bytes`` emptied, or None when there is none or the bytes are not a
+    well-formed model. Shape inference reads such a model as it reads the real one; data
+    propagation only ever needs small (shape) initializers."""
+    view = memoryview(data)
+    try:
+        model_parts: list[bytes | memoryview] = []
+        stripped = False
+        for field, wire, entry, payload, stop in _fields(view, 0, len(data)):
+            if field != 7 or wire != 2:
+                model_parts.append(view[entry:stop])
+                continue
+            graph_parts: list[bytes | memoryview] = []
+            for g_field, g_wire, g_entry, g_payload, g_stop in _fields(view, payload, stop):
+                hollow = None
+                if g_field == 5 and g_wire == 2 and g_stop - g_payload >= min_bytes:
+                    hollow = _hollow_tensor(view, g_payload, g_stop)
+                if hollow is None:
+                    graph_parts.append(view[g_entry:g_stop])
+                else:
+                    graph_parts += [_INITIALIZER_TAG + _varint(len(hollow)), hollow]
+                    stripped = True
+            graph = b"".join(graph_parts)
+            model_parts += [_GRAPH_TAG + _varint(len(graph)), graph]
+    except (ValueError, IndexError):
+        return None
+    return b"".join(model_parts) if stripped else None
