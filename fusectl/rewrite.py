@@ -377,7 +377,7 @@ def _reject(rejections: dict[str, list[Rejection]], rule_id: str, node: ir.Node,
 
 
 def _bytes(nodes: Sequence[ir.Node], meter: traffic.Meter) -> int:
-    return sum(meter.node(n).bytes_total for n in nodes)
+    return sum(meter.bytes(n) for n in nodes)
 
 
 def _apply(model: ir.Model, graph: ir.Graph, rewrite: Rewrite, names: _Names,

@@ -87,7 +87,7 @@ import contextlib
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import onnx_ir as ir
@@ -1191,34 +1191,34 @@ def _is_conv(node: ir.Node) -> bool:
     return node.domain == "com.microsoft" and node.op_type == "FusedConv"
 
 
-def _measure_node(
-    node: ir.Node,
-    index: int | None,
-    ctx: _Ctx,
-    is_const: Callable[[ir.Value], bool],
-) -> tuple[NodeTraffic, list[tuple[ir.Value, int]]]:
+@dataclass
+class _Moved:
+    """What a node reads and writes, before its flops are counted."""
+
+    kind: str  # "folded", "view" or "kernel"
+    bytes_read: int = 0
+    bytes_written: int = 0
+    param_bytes: int = 0
+    workspace: int = 0
+    known: bool = True
+    params: list[tuple[ir.Value, int]] = field(default_factory=list)
+    function: ir.Function | None = None
+
+
+def _moved(node: ir.Node, ctx: _Ctx, is_const: Callable[[ir.Value], bool]) -> _Moved:
     op_type, domain = node.op_type, node.domain
-    name = node.name or (op_type if index is None else f"{op_type}_{index}")
     onnx_domain = domain in _ONNX_DOMAINS
     functions = ctx.functions
     function = functions.get((domain, op_type, node.overload)) if functions else None
-    subgraph = _has_subgraph(node)
-    foldable = not subgraph and not (onnx_domain and op_type in _NONDETERMINISTIC_OPS)
-
+    foldable = not _has_subgraph(node) and not (onnx_domain and op_type in _NONDETERMINISTIC_OPS)
     if _is_folded(node, is_const, foldable=foldable):
-        folded = NodeTraffic(name, op_type, domain, 0, 0, 0, 0, is_kernel=False, known=True)
-        return folded, []
-
+        return _Moved("folded")
     onnx_op = onnx_domain and function is None
     if onnx_op and op_type in _VIEW_OPS:
-        view = NodeTraffic(name, op_type, domain, 0, 0, 0, 0, is_kernel=True, known=True)
-        return view, []
+        return _Moved("view")
 
+    moved = _Moved("kernel", function=function)
     nbytes = ctx.nbytes
-    known = True
-    bytes_read = 0
-    param_bytes = 0
-    params: list[tuple[ir.Value, int]] = []
     if not (onnx_op and op_type in _METADATA_OPS):
         inputs = node.inputs
         # Most nodes have no repeated input; only deduplicate when they do.
@@ -1230,36 +1230,52 @@ def _measure_node(
                 continue
             size = nbytes(value)
             if size is None:
-                known = False
+                moved.known = False
                 continue
-            bytes_read += size
+            moved.bytes_read += size
             if is_const(value):
-                params.append((value, size))
-                param_bytes += size
+                moved.params.append((value, size))
+                moved.param_bytes += size
 
-    bytes_written = 0
     for out in node.outputs:
         if out.name == "":  # omitted optional output: never produced
             continue
         size = nbytes(out)
         if size is None:
-            known = False
+            moved.known = False
             continue
-        bytes_written += size
+        moved.bytes_written += size
 
-    workspace = 0
     if ctx.conv_algo != "direct" and function is None and _is_conv(node):
         extra = _conv_workspace(node, ctx)
         if extra is None:
-            known = False
+            moved.known = False
         else:
-            bytes_read += extra[0]
-            bytes_written += extra[1]
-            workspace = extra[0] + extra[1]
+            moved.bytes_read += extra[0]
+            moved.bytes_written += extra[1]
+            moved.workspace = extra[0] + extra[1]
+    return moved
 
+
+def _measure_node(
+    node: ir.Node,
+    index: int | None,
+    ctx: _Ctx,
+    is_const: Callable[[ir.Value], bool],
+) -> tuple[NodeTraffic, list[tuple[ir.Value, int]]]:
+    op_type, domain = node.op_type, node.domain
+    name = node.name or (op_type if index is None else f"{op_type}_{index}")
+    moved = _moved(node, ctx, is_const)
+    if moved.kind != "kernel":
+        skipped = NodeTraffic(name, op_type, domain, 0, 0, 0, 0,
+                              is_kernel=moved.kind == "view", known=True)
+        return skipped, []
+
+    function = moved.function
+    onnx_domain = domain in _ONNX_DOMAINS
     if function is not None:
         cost = _function_flops(node, function, ctx.shape, ctx)
-    elif subgraph and onnx_domain:
+    elif _has_subgraph(node) and onnx_domain:
         cost = _UNCOUNTED
     elif onnx_domain:
         cost = _op_flops(node, op_type, ctx.shape, None)
@@ -1270,17 +1286,17 @@ def _measure_node(
         name,
         op_type,
         domain,
-        bytes_read,
-        bytes_written,
+        moved.bytes_read,
+        moved.bytes_written,
         cost.flops,
-        param_bytes,
+        moved.param_bytes,
         True,
-        known and status != "unknown",
+        moved.known and status != "unknown",
         cost.macs,
         status != "uncounted",
-        workspace,
+        moved.workspace,
     )
-    return traffic, params
+    return traffic, moved.params
 
 
 def node_traffic(
@@ -1330,6 +1346,12 @@ class Meter:
         """See :func:`node_traffic`."""
         is_const = _is_weight if constants is None else constants.__contains__
         return _measure_node(node, index, self._ctx, is_const)[0]
+
+    def bytes(self, node: ir.Node) -> int:
+        """``node(node).bytes_total`` without counting flops: what the rewrite loop
+        compares for every application."""
+        moved = _moved(node, self._ctx, _is_weight)
+        return moved.bytes_read + moved.bytes_written
 
 
 def measure(

@@ -7,6 +7,9 @@ each output once, float32 = 4 bytes, a multiply-add = 2 FLOPs.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import onnx
 import onnx.helper
 import onnx.parser
@@ -992,3 +995,45 @@ def test_optimize_reports_the_saving_of_a_dynamic_width_model() -> None:
     assert totals[0] == totals[1]
     # the Mul's read and write of the tensor, and its 8 scales
     assert totals[0][0] - totals[0][1] == 2 * 131_072 + 8 * 4
+
+
+@pytest.mark.parametrize("conv_algo", ["direct", "im2col"])
+@pytest.mark.parametrize("name", ["squeezenet", "inception_v1"])
+def test_meter_bytes_is_the_byte_total_of_node_traffic(name: str, conv_algo: str) -> None:
+    """The rewrite loop ranks applications by ``Meter.bytes``; it must be what the report
+    shows for the same node (folded, view, metadata and conv nodes all included)."""
+    from fusectl.modelio import load_model
+    from fusectl.prepare import prepare
+
+    light = Path(os.path.dirname(onnx.__file__)) / "backend" / "test" / "data" / "light"
+    model = load_model(light / f"light_{name}.onnx")
+    prepare(model, fold=False)  # keep the ConstantOfShape weights: folded nodes to cost
+    meter = traffic.Meter(conv_algo=conv_algo)
+    kinds = set()
+    for node in model.graph:
+        full = meter.node(node)
+        kinds.add((full.is_kernel, full.bytes_total > 0))
+        assert meter.bytes(node) == full.bytes_total, node.name
+    assert kinds >= {(True, False), (True, True)}  # views and real kernels met
+
+
+def test_meter_bytes_of_folded_view_and_metadata_nodes() -> None:
+    model = ir.from_proto(onnx.parser.parse_model("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[1, 3, 8, 8] x) => (float[1, 192] y, int64[4] s)
+          <float[3, 3, 1, 1] w = {1, 0, 0, 0, 1, 0, 0, 0, 1}, int64[2] target = {1, 192}> {
+            two = Constant<value = float[1] {2.0}>()
+            four = Add(two, two)
+            c = Conv(x, w)
+            m = Mul(c, four)
+            s = Shape(m)
+            y = Reshape(m, target)
+        }
+    """))
+    ShapeInferencePass()(model)
+    meter = traffic.Meter()
+    for node in model.graph:
+        assert meter.bytes(node) == meter.node(node).bytes_total, node.op_type
+    costs = {node.op_type: meter.bytes(node) for node in model.graph}
+    assert costs["Add"] == costs["Reshape"] == 0 and costs["Shape"] == 4 * 8
+    assert costs["Conv"] == 4 * (3 * 64 + 9 + 3 * 64)
