@@ -63,6 +63,7 @@ import onnx_ir as ir
 import onnxruntime as ort
 
 from fusectl.errors import BadInputError
+from fusectl.protowire import encode_model
 
 from .shapes import infer_model_shapes
 
@@ -791,7 +792,7 @@ def _session_source(model: ModelSource, stack: contextlib.ExitStack) -> str | by
         return os.fspath(model)
     data_bytes, has_external = _tensor_data_size(model)
     if data_bytes < _PROTO_LIMIT_BYTES and not has_external:
-        return ir.to_proto(model).SerializeToString()
+        return encode_model(model).tobytes()  # one copy of the weights, not two
     directory = stack.enter_context(tempfile.TemporaryDirectory(prefix="fusectl-validate-"))
     path = os.path.join(directory, "model.onnx")
     ir.save(model, path, external_data="model.data")
