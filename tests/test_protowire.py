@@ -218,3 +218,23 @@ def test_a_loaded_model_is_typed_from_the_light_bytes(tmp_path: Path, monkeypatc
     assert seen and seen[0] < 64 * 1024  # the weights (256 KiB) were left out
     assert model.graph.node(0).outputs[0].shape == ir.Shape([2, 256])
     assert model.graph.node(1).outputs[0].shape == ir.Shape([4, 128])
+
+
+def test_many_small_entries_are_not_walked_for_nothing(tmp_path: Path, monkeypatch) -> None:
+    """A long graph of tiny tensors: the wire walk would find no big weight to cut out."""
+    nodes = "\n".join(f"x{i + 1} = Relu(x{i})" for i in range(300))
+    proto = onnx.parser.parse_model(f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[2] x0) => (float[2] x300) {{
+            {nodes}
+        }}
+    """)
+    path = tmp_path / "m.onnx"
+    onnx.save(proto, path)
+    calls: list[int] = []
+    monkeypatch.setattr(modelio, "without_weights", lambda data: calls.append(len(data)))
+    modelio.load_model(path)
+    assert calls == []
+    path.write_bytes(_with_weights())
+    modelio.load_model(path)
+    assert len(calls) == 1
