@@ -22,7 +22,7 @@ from onnx_ir.passes.common import TopologicalSortPass
 from . import traffic
 from .compile import CompiledRule, NoRewrite, Rewrite
 from .deadcode import remove_unused
-from .shapes import infer_node
+from .shapes import infer_node, is_static
 
 RULE_TAG = "fusectl.rule"
 MAX_PASSES = 16
@@ -462,8 +462,8 @@ def _costs_traffic(rewrite: Rewrite, model: ir.Model, meter: traffic.Meter) -> s
 def _infer_new_shapes(nodes: Sequence[ir.Node], model: ir.Model) -> None:
     """Give new intermediate values a shape so later rules and the traffic model see it."""
     for node in nodes:
-        if any(v.shape is None or v.type is None for v in node.outputs):
-            infer_node(node, model.opset_imports)
+        if any(v.type is None or not is_static(v.shape) for v in node.outputs):
+            infer_node(node, model.opset_imports, refine=True)
 
 
 MAX_TYPED_READERS = 64
@@ -484,6 +484,8 @@ def _type_readers(nodes: Sequence[ir.Node], model: ir.Model) -> list[ir.Node]:
             reader = use.node
             if id(reader) in tried or all(o.shape is not None for o in reader.outputs):
                 continue
+            if any(v is not None and v.shape is None for v in reader.inputs):
+                continue  # tried when its last input is typed (Div(x - m, Sqrt(v)) of a LayerNorm)
             tried.add(id(reader))
             infer_node(reader, model.opset_imports)
             outputs = [o for o in reader.outputs if o.shape is not None]

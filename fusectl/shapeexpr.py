@@ -106,6 +106,14 @@ class _Evaluator:
         self.data = data
         self.budget = MAX_SHAPE_NODES
         self.done: dict[int, ShapeTensor] = {}
+        # A named dynamic dim of another value is the same run-time size as the input's dim
+        # of that name (what the rules' shape comparisons assume too): exporters take the
+        # batch and sequence dims from the block's input, not from the Reshape's own input.
+        self.axis_of_name: dict[str, int] = {}
+        shape = data.shape if is_value(data) else None
+        for axis, dim in enumerate(shape or ()):
+            if not isinstance(dim, int) and dim.value is not None:
+                self.axis_of_name.setdefault(dim.value, axis)
 
     def evaluate(self, value: Any) -> ShapeTensor:
         if not is_value(value):
@@ -156,8 +164,11 @@ class _Evaluator:
         for axis, dim in enumerate(dims):
             if isinstance(dim, int):
                 entries.append(dim)
+            elif source is self.data:
+                entries.append(Dim(axis))
             else:
-                entries.append(Dim(axis) if source is self.data else None)
+                named = self.axis_of_name.get(dim) if dim is not None else None
+                entries.append(None if named is None else Dim(named))
         start, end = _int_attr(node, "start", 0), _int_attr(node, "end", len(entries))
         return ShapeTensor(tuple(entries[start:end]), 1, ir.DataType.INT64)
 

@@ -35,12 +35,19 @@ _BASE_OP = {("com.microsoft", "FusedConv"): "Conv", ("com.microsoft", "FusedGemm
 FusedConv residual input are left out when inferring)."""
 
 
-def infer_node(node: ir.Node, opsets: Mapping[str, int]) -> bool:
-    """Fill in missing output types and shapes of ``node`` from its inputs; best effort."""
+def infer_node(node: ir.Node, opsets: Mapping[str, int], *, refine: bool = False) -> bool:
+    """Fill in missing output types and shapes of ``node`` from its inputs; best effort.
+
+    ``refine``: also fix the dims an existing shape leaves open where inference knows them
+    (a replacement's output inherits the old output's shape: a Reshape whose run-time target
+    became ``[0, 0, -1, 16]`` has 4 heads where the old one had an unknown count). Graph
+    outputs keep their declared shapes."""
     key = (node.domain, node.op_type)
     base = _BASE_OP.get(key)
     if base is not None:
-        return _infer_as(node, base, opsets)
+        return _infer_as(node, base, opsets, refine)
+    if key == ("com.microsoft", "FusedMatMul"):
+        return _infer_fused_matmul(node, opsets, refine)
     try:
         schema = onnx.defs.get_schema(node.op_type, opsets.get(node.domain, 1), node.domain)
     except onnx.defs.SchemaError:
@@ -77,9 +84,34 @@ def infer_node(node: ir.Node, opsets: Mapping[str, int]) -> bool:
             continue
         if value.type is None:
             value.type = ir.TensorType(ir.DataType(proto.tensor_type.elem_type))
-        if value.shape is None and proto.tensor_type.HasField("shape"):
+        if not proto.tensor_type.HasField("shape"):
+            continue
+        if value.shape is None:
             value.shape = ir.Shape(_dims(proto.tensor_type.shape))
+        elif refine and not value.is_graph_output():
+            value.shape = _refined(value.shape, _dims(proto.tensor_type.shape))
     return True
+
+
+def _refined(shape: ir.Shape, inferred: list[int | str | None]) -> ir.Shape:
+    """``shape`` with its open dims taken from ``inferred``: a number for a symbol or an
+    unknown dim, a name for an unknown dim; a known number is never changed."""
+    if len(inferred) != len(shape):
+        return shape
+    dims: list[int | ir.SymbolicDim | str | None] = []
+    changed = False
+    for old, new in zip(shape, inferred, strict=True):
+        if isinstance(old, int) or new is None or (isinstance(new, str) and old.value):
+            dims.append(old)
+        else:
+            dims.append(new)
+            changed = True
+    return ir.Shape(dims) if changed else shape
+
+
+def is_static(shape: ir.Shape | None) -> bool:
+    """Whether every dim of ``shape`` is a number."""
+    return shape is not None and all(isinstance(d, int) for d in shape)
 
 
 def _copy_first_input(node: ir.Node) -> bool:
@@ -93,20 +125,49 @@ def _copy_first_input(node: ir.Node) -> bool:
     return True
 
 
-def _infer_as(node: ir.Node, op_type: str, opsets: Mapping[str, int]) -> bool:
+def _infer_as(node: ir.Node, op_type: str, opsets: Mapping[str, int],
+              refine: bool = False) -> bool:
     """Infer ``node`` as the standard ``op_type`` it extends, then copy the result back."""
     schema = onnx.defs.get_schema(op_type, opsets.get("", 1), "")
     inputs = list(node.inputs[: schema.max_input])
     attributes = [a for name, a in node.attributes.items() if name in schema.attributes]
-    twin = ir.Node("", op_type, inputs, attributes=attributes, num_outputs=1)
+    return _infer_twin(node, ir.Node("", op_type, inputs, attributes=attributes,
+                                     num_outputs=1), opsets, refine)
+
+
+def _infer_fused_matmul(node: ir.Node, opsets: Mapping[str, int], refine: bool) -> bool:
+    """com.microsoft.FusedMatMul is ``MatMul(op(A), op(B)) * alpha``, op transposing the last
+    two dims where transA / transB say so: inferred as a MatMul of operands shaped that way.
+    Batch transposes (transBatchA / transBatchB) are left untyped."""
+    attributes = node.attributes
+    if attributes.get_int("transBatchA", 0) or attributes.get_int("transBatchB", 0):
+        return False
+    operands: list[ir.Value | None] = []
+    for value, flag in zip(node.inputs[:2], ("transA", "transB"), strict=False):
+        if value is not None and attributes.get_int(flag, 0):
+            if value.shape is None or len(value.shape) < 2:
+                return False
+            dims = list(value.shape)
+            dims[-2], dims[-1] = dims[-1], dims[-2]
+            value = ir.Value(name=value.name, type=value.type, shape=ir.Shape(dims))
+        operands.append(value)
+    return _infer_twin(node, ir.Node("", "MatMul", operands, num_outputs=1), opsets, refine)
+
+
+def _infer_twin(node: ir.Node, twin: ir.Node, opsets: Mapping[str, int], refine: bool) -> bool:
+    """Infer ``twin`` (a standard node reading ``node``'s inputs) and give ``node``'s first
+    output what it got."""
     try:
         if not infer_node(twin, opsets):
             return False
         source, target = twin.outputs[0], node.outputs[0]
         if target.type is None:
             target.type = source.type
-        if target.shape is None and source.shape is not None:
-            target.shape = source.shape
+        if source.shape is not None:
+            if target.shape is None:
+                target.shape = source.shape
+            elif refine and not target.is_graph_output():
+                target.shape = _refined(target.shape, [_plain_dim(d) for d in source.shape])
         return True
     finally:
         for index in range(len(twin.inputs)):

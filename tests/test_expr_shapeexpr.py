@@ -67,6 +67,29 @@ def test_literal_minus_one_with_a_copy_opset13_axes_input() -> None:
     assert _target(body, "float[N,3,4] x", consts) == [0, -1]
 
 
+def test_named_dims_of_another_value_are_copies() -> None:
+    # The exporters' x.view(b, s, heads, d) with b, s taken from the block's input h, not
+    # from x itself: h's dims B and S are x's dims 0 and 1 by name -> copies (0)
+    body = """s = Shape(h)  b = Gather(s, i0)  l = Gather(s, i1)  ub = Unsqueeze<axes=[0]>(b)
+              ul = Unsqueeze<axes=[0]>(l)  t = Concat<axis=0>(ub, ul, c)"""
+    inputs = "float[B,S,64] x, float[B,S,64] h"
+    consts = "int64 i0 = {0}, int64 i1 = {1}, int64[2] c = {4, 16}"
+    assert _target(body, inputs, consts, opset=11) == [0, 0, 4, 16]
+    # S at another position of the target: a known size, but not a copy -> -1
+    body = "s = Shape(h)  l = Gather(s, i1)  ul = Unsqueeze<axes=[0]>(l)  t = Concat<axis=0>(c, ul)"
+    assert _target(body, "float[S,8] x, float[B,S] h", "int64 i1 = {1}, int64[1] c = {8}",
+                   opset=11) == [8, -1]
+
+
+def test_a_dim_named_nowhere_in_the_input_is_unknown() -> None:
+    # h's T is not a dim of x: unknown, and an unknown entry beside a copy is refused
+    body = """s = Shape(h)  b = Gather(s, i0)  l = Gather(s, i1)  ub = Unsqueeze<axes=[0]>(b)
+              ul = Unsqueeze<axes=[0]>(l)  t = Concat<axis=0>(ub, ul, c)"""
+    consts = "int64 i0 = {0}, int64 i1 = {1}, int64[2] c = {4, 16}"
+    with pytest.raises(NoMatch, match="beside"):
+        _target(body, "float[B,S,64] x, float[B,T,64] h", consts, opset=11)
+
+
 def test_negative_gather_indices() -> None:
     # x: [2,N]; Gather -2 -> 2 (static), Gather -1 -> N at position 1 (its own) -> 0
     body = "s = Shape(x)  a = Gather(s, i0)  b = Gather(s, i1)  t = Concat<axis=0>(a, b)"

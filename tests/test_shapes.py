@@ -3,6 +3,7 @@ shapes.merge_inferred_shapes: onnx's inferred types land on the IR values."""
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
 import onnx_ir as ir
 from onnx import TensorProto
@@ -113,3 +114,51 @@ def test_sequences_and_subgraph_values_are_typed() -> None:
     for name in ("then_branch", "else_branch"):
         (out,) = branches[name].as_graph().outputs
         assert (out.dtype, out.shape) == (ir.DataType.FLOAT, ir.Shape([4]))
+
+
+# --------------------------------------------------------------------------- refining
+
+
+def test_refine_fills_open_dims_from_inference() -> None:
+    # A replacement's output inherits the old one's shape; a constant target [0, 0, -1, 16]
+    # on [B, S, 64] proves 4 heads, which the old run-time target did not.
+    x = _value("x", ["B", "S", 64])
+    target = ir.Value(name="t", type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape([4]),
+                      const_value=ir.tensor(np.array([0, 0, -1, 16], np.int64)))
+    node = ir.Node("", "Reshape", [x, target])
+    out = node.outputs[0]
+    out.type, out.shape = ir.TensorType(ir.DataType.FLOAT), ir.Shape(["B", None, "h", 16])
+    assert infer_node(node, OPSETS)
+    assert out.shape == ir.Shape(["B", None, "h", 16])  # without refine: left as it was
+    assert infer_node(node, OPSETS, refine=True)
+    # a number for a symbol, a name for an unknown dim; known numbers never change
+    assert out.shape == ir.Shape(["B", "S", 4, 16])
+
+
+def test_refine_leaves_graph_outputs_as_declared() -> None:
+    x = _value("x", ["B", 64])
+    node = ir.Node("", "Relu", [x])
+    graph = ir.Graph([x], node.outputs, nodes=[node])
+    out = node.outputs[0]
+    out.type, out.shape = ir.TensorType(ir.DataType.FLOAT), ir.Shape(["N", None])
+    assert infer_node(node, OPSETS, refine=True)
+    assert out.shape == ir.Shape(["N", None]) and graph.outputs[0] is out
+
+
+def test_fused_matmul_transposes_its_operands_for_the_shape() -> None:
+    q, k = _value("q", ["B", 4, "S", 16]), _value("k", ["B", 4, "L", 16])
+    node = ir.Node("com.microsoft", "FusedMatMul", [q, k], attributes=[
+        ir.AttrFloat32("alpha", 0.25), ir.AttrInt64("transB", 1)])
+    assert infer_node(node, OPSETS)
+    assert node.outputs[0].shape == ir.Shape(["B", 4, "S", "L"])
+    assert [use.node for use in k.uses()] == [node]  # the MatMul twin let go of its inputs
+    plain = ir.Node("com.microsoft", "FusedMatMul", [_value("a", [3, 5]), _value("b", [5, 2])])
+    assert infer_node(plain, OPSETS) and plain.outputs[0].shape == ir.Shape([3, 2])
+
+
+def test_fused_matmul_batch_transposes_stay_untyped() -> None:
+    node = ir.Node("com.microsoft", "FusedMatMul", [_value("a", [2, 3, 5]),
+                                                      _value("b", [2, 5, 4])],
+                   attributes=[ir.AttrInt64("transBatchA", 1)])
+    assert not infer_node(node, OPSETS)
+    assert node.outputs[0].shape is None
