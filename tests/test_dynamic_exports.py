@@ -16,8 +16,8 @@ from collections import Counter
 import numpy as np
 import onnx
 import onnx.parser
-from onnx import numpy_helper
 import pytest
+from onnx import numpy_helper
 
 import fusectl
 
