@@ -47,7 +47,7 @@ def bound_shapes(model: ir.Model, dims: Mapping[str, int]) -> dict[str, tuple[in
     values = [*copy.graph.initializers.values(), *(v for n in copy.graph for v in n.outputs)]
     for value in values:
         shape = value.shape
-        if value.name and shape is not None and all(isinstance(d, int) for d in shape):
+        if value.name and shape is not None and shape.is_static():
             static[value.name] = tuple(shape.dims)  # type: ignore[arg-type]
     return static
 

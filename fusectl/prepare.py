@@ -152,7 +152,7 @@ def _has_static_shape_queries(graph: ir.Graph) -> bool:
     for node in graph:
         if node.op_type in SHAPE_QUERY_OPS and node.domain == "" and node.inputs:
             shape = node.inputs[0].shape if node.inputs[0] is not None else None
-            if shape is not None and all(isinstance(d, int) for d in shape.dims):
+            if shape is not None and shape.is_static():
                 return True
     return False
 

@@ -22,7 +22,7 @@ from onnx_ir.passes.common import TopologicalSortPass
 from . import traffic
 from .compile import CompiledRule, NoRewrite, Rewrite
 from .deadcode import remove_unused
-from .shapes import infer_node, is_static
+from .shapes import infer_node
 
 RULE_TAG = "fusectl.rule"
 MAX_PASSES = 16
@@ -462,7 +462,8 @@ def _costs_traffic(rewrite: Rewrite, model: ir.Model, meter: traffic.Meter) -> s
 def _infer_new_shapes(nodes: Sequence[ir.Node], model: ir.Model) -> None:
     """Give new intermediate values a shape so later rules and the traffic model see it."""
     for node in nodes:
-        if any(v.type is None or not is_static(v.shape) for v in node.outputs):
+        if any(v.type is None or v.shape is None or not v.shape.is_static()
+               for v in node.outputs):
             infer_node(node, model.opset_imports, refine=True)
 
 

@@ -109,11 +109,6 @@ def _refined(shape: ir.Shape, inferred: list[int | str | None]) -> ir.Shape:
     return ir.Shape(dims) if changed else shape
 
 
-def is_static(shape: ir.Shape | None) -> bool:
-    """Whether every dim of ``shape`` is a number."""
-    return shape is not None and all(isinstance(d, int) for d in shape)
-
-
 def _copy_first_input(node: ir.Node) -> bool:
     source, target = node.inputs[0] if node.inputs else None, node.outputs[0]
     if source is None or source.type is None:

@@ -133,6 +133,10 @@ def test_refine_fills_open_dims_from_inference() -> None:
     assert infer_node(node, OPSETS, refine=True)
     # a number for a symbol, a name for an unknown dim; known numbers never change
     assert out.shape == ir.Shape(["B", "S", 4, 16])
+    # a known number is never replaced, even where inference says otherwise
+    out.shape = ir.Shape([2, None, 8, 16])
+    assert infer_node(node, OPSETS, refine=True)
+    assert out.shape == ir.Shape([2, "S", 8, 16])
 
 
 def test_refine_leaves_graph_outputs_as_declared() -> None:
