@@ -631,6 +631,30 @@ def _fn_transposed_shape(perm: Any, value: Any) -> np.ndarray:
     return np.asarray([d if isinstance(d, int) else -1 for d in out], dtype=np.int64)
 
 
+def _fn_unmerged_perm(perm: Any, x: Any, merged: Any, z: Any) -> list[int]:
+    """The perm of the one Transpose of ``x`` equal to ``z = Reshape(Transpose(merged,
+    perm))`` with ``merged = Reshape(x)``: ``merged`` folds the leading axes of x into its
+    axis 0 and keeps the others, ``perm`` leaves axis 0 first, and ``z`` splits it back
+    into x's leading dims. Checked on the values' shapes (symbolic dims compare by name),
+    so run-time Reshape targets (torch's SDPA export transposes K this way) qualify."""
+    order = _perm(perm)
+    dims = _shape_of_known_rank(x)
+    folded = _shape_of_known_rank(merged)
+    out = _shape_of_known_rank(z)
+    lead = len(dims) - len(folded) + 1  # x's axes folded into axis 0
+    if len(order) != len(folded) or lead < 1 or order[0] != 0:
+        raise NoMatch("the Transpose moves the merged leading axis")
+    if any(d is None for d in (*dims, *folded[1:], *out)):
+        raise NoMatch("a dim is unknown")
+    # With the trailing dims equal, axis 0 holds the product of x's leading dims (or the
+    # tensors are empty, and any order of no elements is the same).
+    if list(folded[1:]) != list(dims[lead:]):
+        raise NoMatch("the first Reshape changes more than the leading axes")
+    if list(out) != list(dims[:lead]) + [folded[axis] for axis in order[1:]]:
+        raise NoMatch("the second Reshape does not split the leading axes back")
+    return list(range(lead)) + [axis + lead - 1 for axis in order[1:]]
+
+
 def _fn_is_noop_reshape(value: Any, shape: Any, allowzero: Any = 0) -> bool:
     """Whether ``Reshape(value, shape)`` returns value's own shape: every target entry is
     the same static dim or a copying 0 (allowzero 0), plus at most one -1 (which is then
@@ -1163,6 +1187,7 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     "fill_reshape_zeros": _fn_fill_reshape_zeros,
     "moves_unit_dims_only": _fn_moves_unit_dims_only,
     "transposed_shape": _fn_transposed_shape,
+    "unmerged_perm": _fn_unmerged_perm,
     "is_noop_reshape": _fn_is_noop_reshape,
     "squeezed_axes": _fn_squeezed_axes,
     "merge_unsqueeze_axes": _fn_merge_unsqueeze_axes,

@@ -83,9 +83,14 @@ def _split_declarations(text: str) -> list[str]:
     return [item for item in items if item.strip()]
 
 
-def strip_dataless_initializers(text: str) -> tuple[str, list[tuple[str, Any, tuple[int, ...]]]]:
+Declared = tuple[str, Any, tuple[int | str, ...]]
+"""A data-less declaration: name, numpy dtype, dims (a str is a symbolic dim)."""
+
+
+def strip_dataless_initializers(text: str) -> tuple[str, list[Declared]]:
     """Remove ``<float[4] W>``-style declarations (onnx's parser drops them silently)
-    and return them so that the caller can supply data."""
+    and return them so that the caller can supply data, or declare the shape of a value
+    a node computes (``<float[N,L,16] y>``: what exporters write as value_info)."""
     arrow = text.find("=>")
     if arrow < 0:
         return text, []
@@ -105,10 +110,21 @@ def strip_dataless_initializers(text: str) -> tuple[str, list[tuple[str, Any, tu
         m = _DECLARATION.match(item)
         if not m or m.group(1) not in _DTYPES:
             raise TestModelError(f"cannot read initializer declaration {item.strip()!r}")
-        dims = tuple(int(d) for d in m.group(2).split(",") if d.strip()) if m.group(2) else ()
+        dims = tuple(_dim(d) for d in m.group(2).split(",") if d.strip()) if m.group(2) else ()
         declared.append((m.group(3), _DTYPES[m.group(1)], dims))
     block = f"<{', '.join(kept)}>" if kept else ""
     return text[:block_start] + block + text[block_end + 1 :], declared
+
+
+def _dim(text: str) -> int | str:
+    text = text.strip()
+    return int(text) if text.lstrip("-").isdigit() else text
+
+
+def _declare_value(proto: onnx.ModelProto, name: str, dtype: Any,
+                   dims: tuple[int | str, ...]) -> None:
+    proto.graph.value_info.append(onnx.helper.make_tensor_value_info(
+        name, onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), list(dims)))
 
 
 def _sample(spec: Any, dtype: Any, dims: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
@@ -136,7 +152,13 @@ def build_test_model(test: RuleTest, seed: int = 0) -> onnx.ModelProto:
         raise TestModelError(f"test model does not parse: {str(exc).splitlines()[0]}") from None
     rng = np.random.default_rng(seed)
     init = dict(test.init)
+    computed = {out for node in proto.graph.node for out in node.output}
     for name, dtype, dims in declared:
+        if name in computed:
+            _declare_value(proto, name, dtype, dims)
+            continue
+        if not all(isinstance(d, int) for d in dims):
+            raise TestModelError(f"initializer {name} has symbolic dims {list(dims)}")
         default = "uniform(-1, 1)" if np.dtype(dtype).kind == "f" else "randint(0, 4)"
         array = _sample(init.pop(name, default), dtype, dims, rng)
         proto.graph.initializer.append(onnx.numpy_helper.from_array(array, name))

@@ -74,3 +74,59 @@ def test_every_layer_of_a_dynamic_export_is_rewritten(tmp_path, target: str) -> 
     if target == "onnxruntime":
         # both LayerNorms, the second only once typing reached it through the first layer
         assert ops["LayerNormalization"] == 2 and ops["ReduceMean"] == 0
+
+
+SDPA_LAYER = """
+    sx = Shape<start=0, end=2>(x)  t4 = Concat<axis=0>(sx, hd)  t3 = Concat<axis=0>(sx, m1)
+    qm = MatMul(x, wq)  q = Add(qm, bq)  q4 = Reshape<allowzero=1>(q, t4)
+    qt = Transpose<perm=[0,2,1,3]>(q4)
+    km = MatMul(x, wk)  k = Add(km, bk)  k4 = Reshape<allowzero=1>(k, t4)
+    kt = Transpose<perm=[0,2,1,3]>(k4)
+    vm = MatMul(x, wv)  v = Add(vm, bv)  v4 = Reshape<allowzero=1>(v, t4)
+    vt = Transpose<perm=[0,2,1,3]>(v4)
+    sk = Shape(kt)  lead, second, last = Split<axis=0>(sk, sp)
+    s1 = Concat<axis=0>(m1, second, last)  k3 = Reshape(kt, s1)
+    k3t = Transpose<perm=[0,2,1]>(k3)
+    s2 = Concat<axis=0>(lead, last, second)  ktt = Reshape(k3t, s2)
+    qs = Mul(qt, c)  ks = Mul(ktt, c)  a = MatMul(qs, ks)  am = Add(a, mask)
+    p = Softmax<axis=-1>(am)  o = MatMul(p, vt)  ot = Transpose<perm=[0,2,1,3]>(o)
+    z = Reshape<allowzero=1>(ot, t3)  y = MatMul(z, wo)
+"""
+
+
+def _dynamo_sdpa_block() -> onnx.ModelProto:
+    """One attention block as torch's dynamo exporter writes F.scaled_dot_product_attention
+    with dynamic batch and sequence: run-time Reshape targets (allowzero=1), K transposed
+    through a folded [B*H, L, D] view whose targets come from Split(Shape(K)), both
+    operands scaled by the fourth root of the head size, and every value's shape declared
+    (the exporter's value_info, symbolic dims by name)."""
+    weights = {name: dims for p in "qkv" for name, dims in ((f"w{p}", [64, 64]), (f"b{p}", [64]))}
+    weights["wo"] = [64, 64]
+    text = f"""
+        <ir_version: 8, opset_import: ["" : 18]>
+        g (float[B,S,64] x, float[B,1,S,S] mask) => (float[B,S,64] y)
+        <int64[1] m1 = {{-1}}, int64[2] hd = {{4, 16}}, int64[3] sp = {{2, 1, 1}},
+         float c = {{0.5}}, float[N,S,16] k3, float[B,4,16,S] ktt, float[B,S,64] z>
+        {{ {SDPA_LAYER} }}
+    """
+    model = onnx.parser.parse_model(text)
+    rng = np.random.default_rng(0)
+    model.graph.initializer.extend(
+        numpy_helper.from_array(rng.normal(0, 0.2, dims).astype(np.float32), name)
+        for name, dims in weights.items())
+    return model
+
+
+def test_dynamo_sdpa_with_dynamic_axes_becomes_multihead_attention(tmp_path) -> None:
+    """The folded K transpose collapses into one Transpose (merged-lead-transpose-collapse),
+    its shape arithmetic goes at once (a dead Shape reader of K would keep the attention
+    pattern from matching), and the block becomes one MultiHeadAttention."""
+    path = tmp_path / "sdpa.onnx"
+    onnx.save(_dynamo_sdpa_block(), path)
+    result = fusectl.optimize(str(path), target="onnxruntime")
+    assert result.validation is not None and result.validation.passed
+    fired = Counter(a.rule_id for a in result.rewrite.applications)
+    ops = Counter(n.op_type for n in result.model.graph)
+    assert fired["merged-lead-transpose-collapse"] == 1
+    assert ops["MultiHeadAttention"] == 1 and ops["Softmax"] == 0
+    assert ops["Split"] == 0

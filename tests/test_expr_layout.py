@@ -23,7 +23,7 @@ LAYOUT_FUNCTIONS = [
     "norm_axes", "permute_axes", "reduced_perm", "fill_reshape_zeros", "moves_unit_dims_only",
     "transposed_shape", "is_noop_reshape", "squeezed_axes", "merge_unsqueeze_axes",
     "merge_squeeze_axes", "itemsize", "lift_rank", "slice_range", "tiling_sizes", "num_uses",
-    "transpose_ahead",
+    "transpose_ahead", "unmerged_perm",
 ]
 
 
@@ -180,6 +180,41 @@ def test_transposed_shape_symbolic() -> None:
         fn("transposed_shape")([1, 0, 2], _dynamic("y", [0, 1, 6]))
     with pytest.raises(NoMatch):
         fn("moves_unit_dims_only")([1, 0], value)
+
+
+@pytest.mark.parametrize(("dims", "lead", "perm"), [
+    ((2, 3, 4, 5), 2, (0, 2, 1)), ((2, 3, 4, 5, 6), 3, (0, 2, 1)),
+    ((2, 3, 4, 5), 1, (0, 3, 1, 2)), ((2, 3, 4, 5), 2, (0, 1, 2)),
+    ((2, 3, 4, 5, 6), 2, (0, 3, 1, 2)),
+])
+def test_unmerged_perm_is_the_three_ops(dims: tuple[int, ...], lead: int,
+                                        perm: tuple[int, ...]) -> None:
+    """Reshape (fold the leading axes) -> Transpose -> Reshape (split them back), done by
+    numpy, equals one Transpose of x by the perm the function gives."""
+    x = np.arange(int(np.prod(dims))).reshape(dims)
+    folded = x.reshape((-1, *dims[lead:]))
+    moved = np.transpose(folded, perm)
+    z = moved.reshape((*dims[:lead], *moved.shape[1:]))
+    q = fn("unmerged_perm")(list(perm), _dynamic("x", list(dims)),
+                            _dynamic("y", list(folded.shape)), _dynamic("z", list(z.shape)))
+    np.testing.assert_array_equal(np.transpose(x, q), z)
+
+
+def test_unmerged_perm_symbolic_and_refusals() -> None:
+    x = _dynamic("x", ["B", 4, "L", 16])
+    assert fn("unmerged_perm")([0, 2, 1], x, _dynamic("y", [None, "L", 16]),
+                               _dynamic("z", ["B", 4, 16, "L"])) == [0, 1, 3, 2]
+    refused = [
+        ([1, 0, 2], _dynamic("y", [None, "L", 16]), ["B", 4, 16, "L"]),  # merged axis moves
+        ([0, 2, 1], _dynamic("y", [None, "M", 16]), ["B", 4, 16, "M"]),  # other length
+        ([0, 2, 1], _dynamic("y", [None, "L", 16]), [4, "B", 16, "L"]),  # split otherwise
+        ([0, 2, 1], _dynamic("y", [None, "L", 16]), ["B", 4, 16, None]),  # unknown dim
+        ([0, 2, 1], _dynamic("y", [None, 8, 32]), ["B", 4, 32, 8]),  # regrouped trailing
+        ([0, 1], _dynamic("y", [None, "L", 16]), ["B", 4, "L", 16]),  # perm of wrong rank
+    ]
+    for perm, y, z in refused:
+        with pytest.raises(NoMatch):
+            fn("unmerged_perm")(perm, x, y, _dynamic("z", z))
 
 
 def test_is_noop_reshape() -> None:

@@ -1145,3 +1145,27 @@ def test_test_fold_flag_must_be_boolean() -> None:
         "        expect: {fires: 0}\n"
     )
     assert_problems(text, [(13, "fold must be true or false")])
+
+
+def test_test_model_declares_value_shapes_beside_initializers() -> None:
+    """A data-less declaration of a value a node computes is value_info (what exporters
+    write, symbolic dims by name); one of an initializer gets data; an initializer cannot
+    have symbolic dims."""
+    from fusectl.ruletest import TestModelError, build_test_model
+
+    model = """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N,4] x) => (float[N,4] z)
+        <float[4] w, float[N,4] y>
+        { y = Add(x, w)  z = Relu(y) }
+    """
+    test = rulefile.RuleTest("t", model, rulefile.Expect())
+    proto = build_test_model(test)
+    assert [i.name for i in proto.graph.initializer] == ["w"]
+    (info,) = proto.graph.value_info
+    dims = info.type.tensor_type.shape.dim
+    assert info.name == "y" and [dims[0].dim_param, dims[1].dim_value] == ["N", 4]
+    symbolic = rulefile.RuleTest("t", model.replace("float[4] w", "float[M] w"),
+                                 rulefile.Expect())
+    with pytest.raises(TestModelError, match="symbolic dims"):
+        build_test_model(symbolic)
