@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import math
 import operator
+import re
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -125,7 +126,8 @@ def _shape_of(value: Any) -> tuple[int | str, ...]:
             elif dim.value is None:
                 raise NoMatch(f"shape of {value.name} has an unknown dimension")
             else:
-                dims.append(str(dim.value))
+                name = str(dim.value)
+                dims.append(symbolic_product([name]) if "*" in name else name)  # type: ignore[misc]
         return tuple(dims)
     if value is None:
         raise NoMatch("shape of an absent value")
@@ -448,9 +450,15 @@ def _fn_spatial_pads(pads: Any, rank: Any, axes: Any = None) -> list[int]:
     return begins[2:] + ends[2:]
 
 
-def _fn_prod(values: Any) -> int:
+def _fn_prod(values: Any) -> int | str:
     """The product of a list of integers (e.g. the pixels of a pool window or stride), to
-    compare sizes that scale with it."""
+    compare sizes that scale with it. With symbolic dims, the product's name as
+    ``shape()`` spells a product dim (see ``symbolic_product``): ``prod(shape(q)[:2]) ==
+    shape(z)[0]`` holds for q ``[batch, seq, ...]`` and z ``["batch*seq", ...]``."""
+    if isinstance(values, (list, tuple)) and any(isinstance(v, str) for v in values):
+        if len(values) > MAX_RANK:
+            raise NoMatch("prod() of a long list")
+        return symbolic_product(values)
     items = [int(v) for v in np.ravel(to_array(values, "values"))]
     if len(items) > MAX_RANK:
         raise NoMatch("prod() of a long list")
@@ -458,6 +466,36 @@ def _fn_prod(values: Any) -> int:
     if abs(result).bit_length() > MAX_INT_BITS:
         raise NoMatch(f"integer larger than {MAX_INT_BITS} bits")
     return result
+
+
+_PRODUCT_NAME = re.compile(r"[A-Za-z_][\w.]*|\d+")
+
+
+def symbolic_product(factors: Iterable[int | str]) -> int | str:
+    """A product of dims in one spelling: its integer factor first (when not 1), then the
+    symbols sorted by name, joined by ``*``. torch's exporter names a product dim so
+    (sympy's ``batch*seq``, ``2*s0``); a name that is not a plain product (``Min(64, s)``,
+    ``(a*b)//c``) is one opaque symbol. Equal spellings are equal sizes, as for any two
+    dims of one name."""
+    number, names = 1, []
+    for factor in factors:
+        if isinstance(factor, str):
+            parts = factor.split("*")
+            if len(parts) > 1 and all(_PRODUCT_NAME.fullmatch(p) for p in parts):
+                for part in parts:
+                    if part.isdigit():
+                        number *= int(part)
+                    else:
+                        names.append(part)
+            else:
+                names.append(factor)
+        else:
+            number *= int(factor)
+    if not names:
+        return number
+    if number == 0:
+        return 0
+    return "*".join(([str(number)] if number != 1 else []) + sorted(names))
 
 
 def _fn_dims(values: Iterable[Any], axis: int) -> np.ndarray:

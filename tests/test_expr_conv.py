@@ -221,6 +221,23 @@ def test_prod() -> None:
         F["prod"](list(range(1, 100)))
 
 
+def test_prod_of_symbolic_dims_is_spelled_as_shape_spells_a_product_dim() -> None:
+    """torch names a product dim by its factors ("batch*seq", sympy's order); prod() of
+    symbolic dims and shape() of such a dim give one spelling, so equal products compare
+    equal and different ones do not."""
+    from values import dynamic
+
+    assert F["prod"](["seq", "batch"]) == "batch*seq"
+    assert F["prod"](("batch", 4, "seq", 2)) == "8*batch*seq"
+    assert F["prod"](["seq", 0]) == 0
+    merged = dynamic("z", ["seq*batch", "2*s0", "Min(64, s50)", "((a*b)//c)"])
+    assert F["shape"](merged) == ("batch*seq", "2*s0", "Min(64, s50)", "((a*b)//c)")
+    assert F["prod"](["batch", "seq"]) == F["shape"](merged)[0]
+    assert F["prod"](["batch", "len"]) != F["shape"](merged)[0]
+    assert F["prod"](["s0", 2]) == F["shape"](merged)[1]
+    assert F["prod"](["((a*b)//c)", 2]) == "2*((a*b)//c)"  # opaque, never split
+
+
 # ---------------------------------------------------------- through the expression language
 
 
