@@ -498,6 +498,13 @@ def symbolic_product(factors: Iterable[int | str]) -> int | str:
     return "*".join(([str(number)] if number != 1 else []) + sorted(names))
 
 
+def _fn_is_static(dims: Any) -> bool:
+    """Whether a dim, or every dim of a list of them (``shape(x)``), is a known integer, not
+    a symbol: what a rule needs before writing the dim into a constant."""
+    items = dims if isinstance(dims, (list, tuple)) else [dims]
+    return all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) for d in items)
+
+
 def _fn_dims(values: Iterable[Any], axis: int) -> np.ndarray:
     """Sizes of several tensors along one axis, as the int64 ``split`` of a Split."""
     sizes = []
@@ -1251,6 +1258,7 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     "is_finite_mask": _fn_is_finite_mask,
     "is_finite_scores": _fn_is_finite_scores,
     "prod": _fn_prod,
+    "is_static": _fn_is_static,
 }
 """Every function an expression may call. Casts mark their result as explicitly typed."""
 

@@ -27,6 +27,7 @@ from onnxscript.optimizer import fold_constants
 from .deadcode import remove_unused
 from .dedupe import merge_equal_initializers
 from .shapes import infer_model_shapes
+from .symdims import name_lost_dims
 from .traffic import can_fold  # the traffic model's notion of a node folding removes
 
 FOLD_INPUT_LIMIT = 1 << 22
@@ -81,6 +82,9 @@ def prepare(model: ir.Model, *, fold: bool = True) -> PrepareResult:
     shapes_inferred = _has_unknown_shapes(model.graph) and infer_model_shapes(model)
     if fold:
         shapes_inferred = _fold_everything(model) or shapes_inferred
+    # After folding, which turns the shapes of static models into constants: only the
+    # Ranges over dynamic dims are left to name.
+    shapes_inferred = name_lost_dims(model) or shapes_inferred
     return PrepareResult(before - _count_nodes(model), shapes_inferred)
 
 

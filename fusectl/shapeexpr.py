@@ -22,6 +22,7 @@ else, any doubt and any graph larger than a small budget is a NoMatch.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -46,8 +47,19 @@ class Dim:
     axis: int
 
 
-Entry = int | float | Dim | None
-"""One element of a shape tensor: its value, a dim of the Reshape's input, or None (unknown)."""
+@dataclass(frozen=True)
+class Named:
+    """The run-time size of a dim inference named (``batch_size``), of any value."""
+
+    name: str
+
+
+Entry = int | float | Dim | Named | None
+"""One element of a shape tensor: its value, a dim of the Reshape's input, a named dim, or
+None (unknown)."""
+
+MINTED_SYMBOL = re.compile(r"unk__\d+")
+"""onnx's inference names a dim it cannot compute so: a fresh symbol, not a known size."""
 
 _INT_RANGES = {ir.DataType.INT64: (-(2**63), 2**63 - 1), ir.DataType.INT32: (-(2**31), 2**31 - 1)}
 _FLOAT_TYPES = {ir.DataType.FLOAT: np.float32, ir.DataType.DOUBLE: np.float64}
@@ -99,11 +111,27 @@ def runtime_shape_target(shape: Any, data: Any, allowzero: Any = 0) -> np.ndarra
     return np.asarray(target, dtype=np.int64)
 
 
-class _Evaluator:
-    """Evaluates the producers of one shape tensor, each node once, within the budget."""
+def dim_name(value: Any) -> str | None:
+    """The name of the dim a scalar or one-element vector computed from Shape is (the
+    ``Gather(Shape(input_ids), 1)`` of input_ids ``[batch_size, sequence_length]`` is
+    ``sequence_length``); None when it is anything else or cannot be told."""
+    try:
+        result = _Evaluator(None, names=True).evaluate(value)
+    except NoMatch:
+        return None
+    if len(result.entries) != 1 or not isinstance(result.entries[0], Named):
+        return None
+    return result.entries[0].name
 
-    def __init__(self, data: Any) -> None:
+
+class _Evaluator:
+    """Evaluates the producers of one shape tensor, each node once, within the budget.
+    ``names``: a named dim of any value is a ``Named`` entry (else only the Reshape input's
+    are known, by position), symbols onnx's inference minted excepted."""
+
+    def __init__(self, data: Any, *, names: bool = False) -> None:
         self.data = data
+        self.names = names
         self.budget = MAX_SHAPE_NODES
         self.done: dict[int, ShapeTensor] = {}
         # A named dynamic dim of another value is the same run-time size as the input's dim
@@ -166,9 +194,12 @@ class _Evaluator:
                 entries.append(dim)
             elif source is self.data:
                 entries.append(Dim(axis))
+            elif dim is not None and dim in self.axis_of_name:
+                entries.append(Dim(self.axis_of_name[dim]))
+            elif self.names and dim is not None and not MINTED_SYMBOL.fullmatch(dim):
+                entries.append(Named(dim))
             else:
-                named = self.axis_of_name.get(dim) if dim is not None else None
-                entries.append(None if named is None else Dim(named))
+                entries.append(None)
         start, end = _int_attr(node, "start", 0), _int_attr(node, "end", len(entries))
         return ShapeTensor(tuple(entries[start:end]), 1, ir.DataType.INT64)
 
@@ -373,8 +404,8 @@ def _elementwise(op: str, a: ShapeTensor, b: ShapeTensor) -> ShapeTensor:
 
 
 def _arithmetic(op: str, a: Entry, b: Entry, dtype: ir.DataType) -> Entry:
-    if isinstance(a, Dim) or isinstance(b, Dim) or a is None or b is None:
-        return None
+    if not isinstance(a, (int, float)) or not isinstance(b, (int, float)):
+        return None  # a dim of unknown size, or unknown
     if dtype in _FLOAT_TYPES:
         ftype = _FLOAT_TYPES[dtype]
         with np.errstate(all="ignore"):  # inf and nan are refused where they matter

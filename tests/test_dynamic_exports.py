@@ -130,3 +130,61 @@ def test_dynamo_sdpa_with_dynamic_axes_becomes_multihead_attention(tmp_path) -> 
     assert fired["merged-lead-transpose-collapse"] == 1
     assert ops["MultiHeadAttention"] == 1 and ops["Softmax"] == 0
     assert ops["Split"] == 0
+
+
+CLASSIC_BERT = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (int64[batch_size,sequence_length] input_ids,
+       int64[batch_size,sequence_length] attention_mask)
+      => (float[batch_size,sequence_length,64] y)
+    <float[256,64] tok, float[64,64] pos, float[64,64] wq, float[64,64] wk, float[64,64] wv,
+     float[64,64] wo, int64 one = {1}, int64 zero = {0}, int64[4] heads = {0, 0, 4, 16},
+     int64[3] merged = {0, 0, 64}, int64[2] ax12 = {1, 2}, int64[1] ax0 = {0},
+     float fone = {1.0}, float lowest = {-3.4028234663852886e+38}, float c = {4.0}>
+    {
+      sh = Shape(input_ids)  n = Gather<axis=0>(sh, one)  ids = Range(zero, n, one)
+      pids = Unsqueeze(ids, ax0)  pe = Gather(pos, pids)  te = Gather(tok, input_ids)
+      x = Add(te, pe)
+      m4 = Unsqueeze(attention_mask, ax12)  mf = Cast<to=1>(m4)  inv = Sub(fone, mf)
+      mask = Mul(inv, lowest)
+      q = MatMul(x, wq)  k = MatMul(x, wk)  v = MatMul(x, wv)
+      q4 = Reshape(q, heads)  qt = Transpose<perm=[0,2,1,3]>(q4)
+      k4 = Reshape(k, heads)  kt = Transpose<perm=[0,2,3,1]>(k4)
+      v4 = Reshape(v, heads)  vt = Transpose<perm=[0,2,1,3]>(v4)
+      a = MatMul(qt, kt)  s = Div(a, c)  am = Add(s, mask)  p = Softmax<axis=-1>(am)
+      o = MatMul(p, vt)  ot = Transpose<perm=[0,2,1,3]>(o)  z = Reshape(ot, merged)
+      y = MatMul(z, wo)
+    }
+"""
+
+
+def _classic_bert() -> onnx.ModelProto:
+    """The embeddings and one attention block as TorchScript exports transformers 4.x's BERT
+    with dynamic axes: position ids from ``Range(0, input_ids.size(1), 1)``, the padding
+    mask ``(1 - mask[:, None, None, :]) * lowest`` of shape [batch, 1, 1, sequence]."""
+    from fusectl.ruletest import strip_dataless_initializers
+
+    text, declared = strip_dataless_initializers(CLASSIC_BERT)
+    model = onnx.parser.parse_model(text)
+    rng = np.random.default_rng(0)
+    model.graph.initializer.extend(
+        numpy_helper.from_array(rng.normal(0, 0.2, dims).astype(np.float32), name)
+        for name, _, dims in declared)
+    return model
+
+
+def test_classic_export_names_the_position_range_and_fuses_masked_attention(tmp_path) -> None:
+    """onnx's inference gives the Range a fresh symbol and the embeddings' sum another, so
+    the mask's key length (sequence_length) could not be shown equal to the keys'. Named,
+    the attention becomes one MultiHeadAttention whose [B,1,1,L] mask is expanded to the
+    run-time query length."""
+    path = tmp_path / "bert.onnx"
+    onnx.save(_classic_bert(), path)
+    result = fusectl.optimize(str(path), target="onnxruntime")
+    assert result.validation is not None and result.validation.passed
+    ops = Counter(n.op_type for n in result.model.graph)
+    assert ops["MultiHeadAttention"] == 1 and ops["Softmax"] == 0 and ops["Expand"] == 1
+    (embeddings,) = [n for n in result.model.graph if n.op_type == "Add"
+                     and n.outputs[0].shape is not None and n.outputs[0].shape.rank() == 3]
+    assert [d if isinstance(d, int) else d.value for d in embeddings.outputs[0].shape] == [
+        "batch_size", "sequence_length", 64]

@@ -302,6 +302,11 @@ CASES: list[tuple[str, Any]] = [
     ("list(shape(W))", [2, 3]),
     ("list(value(W)[0])", [0.0, 1.0, 2.0]),
     ("list((1, 2))", [1, 2]),
+    ("is_static(shape(W))", True),
+    ("is_static(shape(W)[0])", True),
+    ("is_static(shape(x))", False),
+    ("is_static(shape(x)[0])", False),
+    ("is_static([])", True),
 ]
 
 
