@@ -453,7 +453,7 @@ def _remove_dead_producers(graph: ir.Graph, read: list[ir.Value]) -> list[ir.Val
     removed nodes read. Done at once, not in the final cleanup: a dead reader of a value
     keeps rules whose pattern passes through that value from matching in later passes."""
     lost: list[ir.Value] = []
-    frontier = [v.producer() for v in read]
+    frontier = [v.producer() for v in read if not v.uses()]
     while frontier:
         node = frontier.pop()
         if (node is None or node.graph is not graph
