@@ -91,6 +91,24 @@ def remove_unused(model: ir.Model) -> int:
     return count
 
 
+def remove_dead_producers(graph: ir.Graph, values: list[ir.Value]) -> list[ir.Value]:
+    """Remove the producers in ``graph`` that ``values`` losing readers left dead, and theirs
+    in turn (a local pass, for the rewrite loop; unused optional outputs and initializers are
+    left to ``remove_unused``); return the values the removed nodes read."""
+    lost: list[ir.Value] = []
+    frontier = [v.producer() for v in values if not v.uses()]
+    while frontier:
+        node = frontier.pop()
+        if (node is None or node.graph is not graph
+                or any(out.uses() or out.is_graph_output() for out in node.outputs)):
+            continue
+        inputs = [v for v in node.inputs if v is not None]
+        graph.remove(node, safe=True)
+        lost.extend(inputs)
+        frontier.extend(v.producer() for v in inputs if not v.uses())
+    return lost
+
+
 def _remove_unused_in(graph: ir.Graph | ir.Function, opset: int | None) -> int:
     """Dead-node removal in one graph or function and the subgraphs of its kept nodes;
     ``opset`` is the default-domain version (None: optional outputs are left alone)."""

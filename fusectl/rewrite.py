@@ -21,7 +21,7 @@ from onnx_ir.passes.common import TopologicalSortPass
 
 from . import traffic
 from .compile import CompiledRule, NoRewrite, Rewrite
-from .deadcode import remove_unused
+from .deadcode import remove_dead_producers, remove_unused
 from .shapes import infer_node
 
 RULE_TAG = "fusectl.rule"
@@ -188,7 +188,9 @@ def apply_rules(
         read = touched.read_by(rewrite)
         applications.append(_apply(model, graph, rewrite, names, pass_number, meter))
         touched.record(rewrite, read, run)
-        touched.record_reads(_remove_dead_producers(graph, read), run)
+        # at once, not in the final cleanup: a dead reader of a value (the Shape that
+        # computed a replaced Reshape's target) keeps patterns through it from matching
+        touched.readers_changed(remove_dead_producers(graph, read), run)
         touched.stamp(_type_readers(rewrite.new_nodes, model), run)
         present[id(graph)].update((n.domain, n.op_type) for n in rewrite.new_nodes)
         indexes[id(graph)].invalidate()
@@ -296,7 +298,13 @@ class _Touched:
         stamps = self.stamps
         for node in rewrite.new_nodes:
             stamps[id(node)] = (node, run)
-        for value in read:
+        self.readers_changed(read, run)
+
+    def readers_changed(self, values: list[ir.Value], run: int) -> None:
+        """Stamp the producers of values whose readers changed (or, for a value nobody
+        produces, its readers)."""
+        stamps = self.stamps
+        for value in values:
             producer = value.producer()
             if producer is not None:
                 stamps[id(producer)] = (producer, run)
@@ -307,13 +315,6 @@ class _Touched:
                 continue
             for use in uses:
                 stamps[id(use.node)] = (use.node, run)
-
-    def record_reads(self, read: list[ir.Value], run: int) -> None:
-        """Stamp the producers of values that lost a reader (removed dead nodes)."""
-        for value in read:
-            producer = value.producer()
-            if producer is not None:
-                self.stamps[id(producer)] = (producer, run)
 
     def stamp(self, nodes: Iterable[ir.Node], run: int) -> None:
         """Stamp nodes changed otherwise (readers typed after an application)."""
@@ -445,25 +446,6 @@ def _apply(model: ir.Model, graph: ir.Graph, rewrite: Rewrite, names: _Names,
         bytes_after,
         pass_number,
     )
-
-
-def _remove_dead_producers(graph: ir.Graph, read: list[ir.Value]) -> list[ir.Value]:
-    """Remove the nodes of ``graph`` an application left without readers (the shape
-    arithmetic of a Reshape it replaced, say), and theirs in turn; return the values the
-    removed nodes read. Done at once, not in the final cleanup: a dead reader of a value
-    keeps rules whose pattern passes through that value from matching in later passes."""
-    lost: list[ir.Value] = []
-    frontier = [v.producer() for v in read if not v.uses()]
-    while frontier:
-        node = frontier.pop()
-        if (node is None or node.graph is not graph
-                or any(out.uses() or out.is_graph_output() for out in node.outputs)):
-            continue
-        inputs = [v for v in node.inputs if v is not None]
-        graph.remove(node, safe=True)
-        lost.extend(inputs)
-        frontier.extend(v.producer() for v in inputs)
-    return lost
 
 
 def _matched_names(rewrite: Rewrite) -> tuple[str, ...]:

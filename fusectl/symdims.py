@@ -17,7 +17,7 @@ import onnx_ir as ir
 
 from .expr import _const_tensor
 from .shapeexpr import MINTED_SYMBOL, dim_name
-from .shapes import infer_model_shapes
+from .shapes import _plain_dim, infer_model_shapes
 
 _ONNX_DOMAINS = ("", "ai.onnx")
 
@@ -68,7 +68,7 @@ def _scalar(value: ir.Value) -> int | None:
 
 def _has_dims(value: ir.Value, dims: list[int | str]) -> bool:
     shape = value.shape
-    return shape is not None and [d if isinstance(d, int) else d.value for d in shape] == dims
+    return shape is not None and [_plain_dim(d) for d in shape] == dims
 
 
 def _minted(dim: int | ir.SymbolicDim) -> bool:

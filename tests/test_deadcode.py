@@ -19,7 +19,7 @@ from onnx import TensorProto
 from onnx import helper as oh
 from onnx_ir.passes.common import RemoveUnusedNodesPass
 
-from fusectl.deadcode import remove_unused
+from fusectl.deadcode import remove_dead_producers, remove_unused
 
 LIGHT = Path(os.path.dirname(onnx.__file__)) / "backend" / "test" / "data" / "light"
 F = TensorProto.FLOAT
@@ -361,3 +361,33 @@ def random_models(draw: st.DrawFn) -> onnx.ModelProto:
 @given(random_models())
 def test_random_dags_match_onnx_ir(proto: onnx.ModelProto) -> None:
     _both(proto)
+
+
+def test_remove_dead_producers_takes_only_what_the_lost_reader_left_dead() -> None:
+    """The shape arithmetic of a replaced Reshape goes; a producer another node still
+    reads, and one whose output is a graph output, stay."""
+    import onnx.parser
+
+    model = ir.serde.deserialize_model(onnx.parser.parse_model("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N,4] x) => (float[N,4] y, int64[2] kept)
+        <int64[1] m1 = {-1}>
+        {
+          s = Shape(x)  n = Shape<start=0, end=1>(x)  t = Concat<axis=0>(n, m1)
+          kept = Identity(s)  both = Concat<axis=0>(s, m1)  a = Relu(x)
+          r = Reshape(a, t)  y = Neg(a)
+        }
+    """))
+    graph = model.graph
+    reshape = next(n for n in graph if n.op_type == "Reshape")
+    read = [v for v in reshape.inputs if v is not None]
+    graph.remove(reshape, safe=False)
+    for value in read:  # detach as an application's removal does
+        for use in list(value.uses()):
+            if use.node is reshape:
+                reshape.replace_input_with(use.idx, None)
+    lost = remove_dead_producers(graph, read)
+    ops = [n.op_type for n in graph]
+    assert ops.count("Concat") == 1 and ops.count("Shape") == 1  # t and n gone, `both` dead
+    assert "Relu" in ops and "Identity" in ops  # a is read by Neg; kept is a graph output
+    assert {v.name for v in lost} >= {"n", "m1"}
