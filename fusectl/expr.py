@@ -477,6 +477,29 @@ def symbolic_product(factors: Iterable[int | str]) -> int | str:
     (sympy's ``batch*seq``, ``2*s0``); a name that is not a plain product (``Min(64, s)``,
     ``(a*b)//c``) is one opaque symbol. Equal spellings are equal sizes, as for any two
     dims of one name."""
+    number, names = _product_factors(factors)
+    return _spell_product(number, names)
+
+
+def symbolic_quotient(dividend: Iterable[int | str], divisor: Iterable[int | str]
+                      ) -> int | str | None:
+    """The product of ``dividend`` divided by that of ``divisor`` when it divides exactly,
+    symbol by symbol and in integers (the ``-1`` of ``Reshape([B,S,64], [B,S,4,-1])`` is 16),
+    spelled as :func:`symbolic_product`; None when it does not or the divisor may be 0."""
+    number, names = _product_factors(dividend)
+    over, over_names = _product_factors(divisor)
+    if over == 0 or number % over:
+        return None
+    left = list(names)
+    for name in over_names:
+        if name not in left:
+            return None
+        left.remove(name)
+    return _spell_product(number // over, left)
+
+
+def _product_factors(factors: Iterable[int | str]) -> tuple[int, list[str]]:
+    """The integer factor and the symbols of a product of dims (``2*a*b`` is 2, [a, b])."""
     number, names = 1, []
     for factor in factors:
         if isinstance(factor, str):
@@ -491,6 +514,10 @@ def symbolic_product(factors: Iterable[int | str]) -> int | str:
                 names.append(factor)
         else:
             number *= int(factor)
+    return number, names
+
+
+def _spell_product(number: int, names: list[str]) -> int | str:
     if not names:
         return number
     if number == 0:

@@ -54,15 +54,16 @@ class Named:
     name: str
 
 
-Entry = int | float | Dim | Named | None
-"""One element of a shape tensor: its value, a dim of the Reshape's input, a named dim, or
-None (unknown)."""
+Entry = bool | int | float | Dim | Named | None
+"""One element of a shape tensor: its value (a bool in a comparison's result), a dim of the
+Reshape's input, a named dim, or None (unknown)."""
 
 MINTED_SYMBOL = re.compile(r"unk__\d+")
 """onnx's inference names a dim it cannot compute so: a fresh symbol, not a known size."""
 
 _INT_RANGES = {ir.DataType.INT64: (-(2**63), 2**63 - 1), ir.DataType.INT32: (-(2**31), 2**31 - 1)}
 _FLOAT_TYPES = {ir.DataType.FLOAT: np.float32, ir.DataType.DOUBLE: np.float64}
+_BOOL = ir.DataType.BOOL
 _ONNX_DOMAINS = ("", "ai.onnx")
 
 
@@ -124,6 +125,19 @@ def dim_name(value: Any) -> str | None:
     return result.entries[0].name
 
 
+def shape_entries(shape: Any, data: Any = None) -> tuple[Entry, ...] | None:
+    """The entries of a run-time 1-D int64 shape vector (a Reshape's or Expand's target):
+    constants as ints, dims of ``data`` as ``Dim``, other named dims as ``Named``, anything
+    else None; None when the vector cannot be read at all."""
+    try:
+        result = _Evaluator(data, names=True).evaluate(shape)
+    except NoMatch:
+        return None
+    if result.rank != 1 or result.dtype != ir.DataType.INT64:
+        return None
+    return result.entries
+
+
 class _Evaluator:
     """Evaluates the producers of one shape tensor, each node once, within the budget.
     ``names``: a named dim of any value is a ``Named`` entry (else only the Reshape input's
@@ -175,6 +189,10 @@ class _Evaluator:
             return _concat(node, [self._input(node, i) for i in range(len(node.inputs))])
         if op in _ELEMENTWISE:
             return _elementwise(op, self._input(node, 0), self._input(node, 1))
+        if op == "Equal":
+            return _equal(self._input(node, 0), self._input(node, 1))
+        if op == "Where":
+            return _where(*(self._input(node, i) for i in range(3)))
         handler = _UNARY.get(op)
         if handler is None:
             raise NoMatch(f"{op} in the shape computation")
@@ -215,6 +233,8 @@ def _constant(tensor: ir.TensorProtocol) -> ShapeTensor:
         entries: tuple[Entry, ...] = tuple(int(v) for v in tensor.numpy().reshape(-1))
     elif dtype in _FLOAT_TYPES:
         entries = tuple(float(v) for v in tensor.numpy().reshape(-1))
+    elif dtype == _BOOL:
+        entries = tuple(bool(v) for v in tensor.numpy().reshape(-1))
     else:
         raise NoMatch(f"a {dtype} constant in the shape computation")
     return ShapeTensor(entries, len(tensor.shape), dtype)
@@ -349,6 +369,8 @@ def _cast(node: ir.Node, x: ShapeTensor) -> ShapeTensor:
 
 
 def _to_int(entry: Entry, low: int, high: int) -> Entry:
+    if isinstance(entry, bool):
+        return int(entry)
     if isinstance(entry, float):
         if not math.isfinite(entry):
             raise NoMatch("Cast of a non-finite float to an integer")
@@ -359,7 +381,7 @@ def _to_int(entry: Entry, low: int, high: int) -> Entry:
 
 
 def _to_float(entry: Entry, to: ir.DataType) -> Entry:
-    if isinstance(entry, (int, float)):
+    if isinstance(entry, (bool, int, float)):
         return float(_FLOAT_TYPES[to](entry))
     return None
 
@@ -392,7 +414,7 @@ _ELEMENTWISE = ("Add", "Sub", "Mul", "Div")
 
 
 def _elementwise(op: str, a: ShapeTensor, b: ShapeTensor) -> ShapeTensor:
-    if a.dtype != b.dtype:
+    if a.dtype != b.dtype or a.dtype == _BOOL:
         raise NoMatch(f"{op} of {a.dtype} and {b.dtype}")
     n, m = len(a.entries), len(b.entries)
     if n != m and 1 not in (n, m):
@@ -424,3 +446,41 @@ def _arithmetic(op: str, a: Entry, b: Entry, dtype: ir.DataType) -> Entry:
     if not low <= value <= high:
         raise NoMatch(f"{op} overflows {dtype}")
     return value
+
+
+def _broadcast_pairs(*tensors: ShapeTensor) -> list[tuple[Entry, ...]]:
+    """The entries of equally long (or one-entry) vectors, paired up as broadcasting does."""
+    lengths = {len(t.entries) for t in tensors} - {1}
+    if len(lengths) > 1:
+        raise NoMatch(f"vectors of lengths {sorted(lengths)} do not broadcast")
+    size = lengths.pop() if lengths else 1
+    return [tuple(t.entries[i % len(t.entries)] for t in tensors) for i in range(size)]
+
+
+def _equal(a: ShapeTensor, b: ShapeTensor) -> ShapeTensor:
+    """``Equal``, as torch writes ``expand(batch, -1, -1)``: ``Where(Equal(s, -1), 1, s)``."""
+    if a.dtype != b.dtype:
+        raise NoMatch(f"Equal of {a.dtype} and {b.dtype}")
+    entries = tuple(_same(x, y) for x, y in _broadcast_pairs(a, b))
+    return ShapeTensor(entries, max(a.rank, b.rank), _BOOL)
+
+
+def _same(a: Entry, b: Entry) -> bool | None:
+    if a is None or b is None:
+        return None
+    numbers = [e for e in (a, b) if isinstance(e, (int, float))]
+    if len(numbers) == 2:
+        return a == b
+    if a == b:
+        return True  # one dim, or one name
+    if numbers and numbers[0] < 0:
+        return False  # a dim is never negative
+    return None
+
+
+def _where(condition: ShapeTensor, x: ShapeTensor, y: ShapeTensor) -> ShapeTensor:
+    if condition.dtype != _BOOL or x.dtype != y.dtype:
+        raise NoMatch("Where of something else than a bool condition and one dtype")
+    entries = tuple(a if c is True else b if c is False else (a if a == b else None)
+                    for c, a, b in _broadcast_pairs(condition, x, y))
+    return ShapeTensor(entries, max(condition.rank, x.rank, y.rank), x.dtype)

@@ -194,12 +194,18 @@ def infer_model_shapes(model: ir.Model) -> bool:
     copy shapes back (two thirds of its remaining time). Here the initializers are listed
     with a set and the inferred types are read straight from the proto's value_info.
     """
+    return bool(try_infer_model_shapes(model))
+
+
+def try_infer_model_shapes(model: ir.Model) -> bool | None:
+    """:func:`infer_model_shapes`, telling a failure (None, the model unchanged) from an
+    inference that changed nothing (False)."""
     graph = model.graph
     inputs = list(graph.inputs)
     try:
         inferred = _call_onnx_api_linear(infer_proto_shapes, model)
     except Exception:  # noqa: BLE001 - inference is an optimisation, never fatal
-        return False
+        return None
     finally:
         if list(graph.inputs) != inputs:
             graph.inputs.clear()

@@ -1,62 +1,277 @@
-"""Name the dims onnx's shape inference loses: the length of ``Range(0, n, 1)`` when ``n`` is a
-named dim read through ``Shape`` (TorchScript's position ids, ``arange(input_ids.size(1))``).
+"""Name the dims onnx's shape inference loses where the model's own shape arithmetic tells
+them: exports with dynamic axes compute the targets of Reshape, Expand, ConstantOfShape and
+Range from ``Shape(x)`` at run time.
 
-onnx's inference gives such a Range a fresh symbol (``unk__N``); the position embeddings added
-to the token embeddings then give the sum another fresh one, and from there on nothing can be
-shown to have the input's sequence length: the attention mask's key length is
-``sequence_length``, the keys' is ``unk__1``, and the attention rules refuse. The length is
-read with shapeexpr's evaluator (Gather/Slice/Squeeze/Cast of Shape, each node evaluated as
-onnxruntime does), the Range is given it, the symbols onnx minted are forgotten, and onnx's
-inference runs again; it keeps a declared dim it cannot compute itself, so the name flows
-on. Equal names are equal sizes, as everywhere in the rules.
+onnx's inference, even with data propagation, gives a fresh symbol (``unk__N``) to the
+``-1`` of ``Reshape(x, [b, s, -1, 16])`` beside a symbolic dim, to torch's
+``expand(batch, -1, -1)`` (written ``Expand(t, Where(Equal(s, -1), 1, s))``) and to the
+length of ``arange(input_ids.size(1))``. From there on nothing can be shown to have the
+input's batch or sequence length, or 4 heads: the attention rules refuse.
+
+Each such output's dims are read with shapeexpr's evaluator (each op evaluated as
+onnxruntime does; a ``-1`` is the quotient of the products of the dims), the symbols onnx
+minted are forgotten, and onnx's inference runs again; it keeps a declared dim it cannot
+compute itself, so the names flow on. A name reaching a ``Shape`` downstream lets the next
+target be read, so rounds repeat while one names something new. Equal names are equal
+sizes, and a name spelled ``a*b`` is the product of ``a`` and ``b``, as everywhere in the
+rules.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import onnx_ir as ir
 
-from .expr import _const_tensor
-from .shapeexpr import MINTED_SYMBOL, dim_name
-from .shapes import _plain_dim, infer_model_shapes
+from .expr import SLICE_TO_END, _const_tensor, symbolic_product, symbolic_quotient
+from .shapeexpr import MINTED_SYMBOL, Dim, Entry, Named, dim_name, shape_entries
+from .shapes import _plain_dim, try_infer_model_shapes
+
+MAX_ROUNDS = 8
+"""Rounds of naming and re-inference: a name computed in one round is read by the next
+shape computation downstream (the batch dim of an Expand, then the heads' Reshape)."""
 
 _ONNX_DOMAINS = ("", "ai.onnx")
 
+Dims = list[int | str | None]
+"""A shape as plain dims: ints, names, None for a dim not known (onnx's minted symbols)."""
+
+_INFERRED = object()
+"""The ``-1`` entry of a Reshape target, while its size is computed."""
+
 
 def name_lost_dims(model: ir.Model) -> bool:
-    """Name the lengths of the main graph's ``Range(0, n, 1)`` nodes whose ``n`` is a named
-    dim, then infer shapes again; True when a shape changed. Nothing changes when no Range
-    needs a name or onnx's inference fails."""
+    """Name the dims of the main graph's shape-computing ops that onnx left unknown, then
+    infer shapes again, round after round; True when a shape changed. Nothing changes when
+    nothing needs a name, and a round whose inference fails is undone."""
     graph = model.graph
-    lengths = {}
+    changed = False
+    for _ in range(MAX_ROUNDS):
+        found = _computable_shapes(graph)
+        if not found:
+            break
+        saved = {value: value.shape for value in _inferred_values(graph)}
+        for value, shape in saved.items():
+            if shape is not None and any(_minted(d) for d in shape):
+                value.shape = ir.Shape([None if _minted(d) else d for d in shape])
+        for value, dims in found.items():
+            value.shape = ir.Shape(dims)
+        if try_infer_model_shapes(model) is None:
+            for value, shape in saved.items():  # onnx's inference failed: as it was
+                value.shape = shape
+            break
+        changed = True
+    return changed
+
+
+def _computable_shapes(graph: ir.Graph) -> dict[ir.Value, Dims]:
+    """The outputs whose shapes the evaluator knows better than onnx did, with those shapes."""
+    outputs = {id(v) for v in graph.outputs}
+    found: dict[ir.Value, Dims] = {}
     for node in graph:
-        if node.op_type == "Range" and node.domain in _ONNX_DOMAINS:
-            name = _range_length(node)
-            out = node.outputs[0]
-            if name is not None and not _has_dims(out, [name]):
-                lengths[out] = name
-    if not lengths:
-        return False
-    saved = {value: value.shape for value in _inferred_values(graph)}
-    for value, shape in saved.items():
-        if shape is not None and any(_minted(d) for d in shape):
-            value.shape = ir.Shape([None if _minted(d) else d for d in shape])
-    for value, name in lengths.items():
-        value.shape = ir.Shape([name])
-    if infer_model_shapes(model):
-        return True
-    for value, shape in saved.items():  # onnx's inference failed: as it was
-        value.shape = shape
-    return False
+        compute = _COMPUTED.get(node.op_type)
+        if compute is None or node.domain not in _ONNX_DOMAINS or not node.outputs:
+            continue
+        out = node.outputs[0]
+        if out.type is None or id(out) in outputs:
+            continue  # a graph output keeps its declared shape
+        current = _dims(out.shape)
+        if current is not None and None not in current:
+            continue
+        computed = compute(node)
+        merged = None if computed is None else _better(current, computed)
+        if merged is not None:
+            found[out] = merged
+    return found
 
 
-def _range_length(node: ir.Node) -> str | None:
-    """The name of the length of ``Range(0, n, 1)`` with ``n`` a named dim, else None."""
+def _better(current: Dims | None, computed: Dims) -> Dims | None:
+    """``current`` with the dims it lacks taken from ``computed``; None when that names
+    nothing new or the two disagree (onnx's own dims are kept)."""
+    if current is None:
+        return computed if any(d is not None for d in computed) else None
+    if len(current) != len(computed):
+        return None
+    merged: Dims = []
+    for known, new in zip(current, computed, strict=True):
+        if known is not None and new is not None and known != new:
+            return None
+        merged.append(known if known is not None else new)
+    return merged if merged != current else None
+
+
+# ----------------------------------------------------------------------------- ops
+
+
+def _range_dims(node: ir.Node) -> Dims | None:
+    """``Range(0, n, 1)`` with ``n`` a named dim has that length."""
     if len(node.inputs) != 3 or any(v is None for v in node.inputs):
         return None
     start, limit, delta = node.inputs
     if _scalar(start) != 0 or _scalar(delta) != 1:
         return None
-    return dim_name(limit)
+    name = dim_name(limit)
+    return None if name is None else [name]
+
+
+def _reshape_dims(node: ir.Node) -> Dims | None:
+    """Reshape's output: a 0 copies the input's dim (allowzero 0), a -1 is what is left."""
+    if len(node.inputs) < 2 or node.inputs[0] is None or node.inputs[1] is None:
+        return None
+    data, target = node.inputs[0], node.inputs[1]
+    data_dims = _dims(data.shape)
+    entries = shape_entries(target, data)
+    if entries is None:
+        return None
+    allowzero = node.attributes.get("allowzero")
+    copies = allowzero is None or int(allowzero.value) == 0
+    dims: list = []
+    for position, entry in enumerate(entries):
+        if _is_int(entry, 0) and copies:
+            dims.append(data_dims[position]
+                        if data_dims is not None and position < len(data_dims) else None)
+        elif _is_int(entry, -1):
+            dims.append(_INFERRED)
+        else:
+            dims.append(_entry_dim(entry, data_dims))
+    inferred = [i for i, d in enumerate(dims) if d is _INFERRED]
+    if len(inferred) > 1:
+        return None
+    if inferred:
+        others = [d for d in dims if d is not _INFERRED]
+        known = data_dims is not None and None not in data_dims and None not in others
+        dims[inferred[0]] = symbolic_quotient(data_dims, others) if known else None
+    return dims
+
+
+def _expand_dims(node: ir.Node) -> Dims | None:
+    """Expand's output: the input and the target broadcast together."""
+    if len(node.inputs) != 2 or node.inputs[0] is None or node.inputs[1] is None:
+        return None
+    data = node.inputs[0]
+    data_dims = _dims(data.shape)
+    entries = shape_entries(node.inputs[1], data)
+    if data_dims is None or entries is None:
+        return None
+    return _broadcast(data_dims, [_entry_dim(e, data_dims) for e in entries])
+
+
+def _constant_of_shape_dims(node: ir.Node) -> Dims | None:
+    if not node.inputs or node.inputs[0] is None:
+        return None
+    entries = shape_entries(node.inputs[0])
+    return None if entries is None else [_entry_dim(e, None) for e in entries]
+
+
+def _slice_dims(node: ir.Node) -> Dims | None:
+    """``Slice(x, 0, n)`` with unit steps: the axes sliced are ``n`` long. A named ``n`` is
+    taken as the length, as exporters slice a buffer to the sequence length
+    (``position_ids[:, :seq_len]``); a run with a shorter buffer fails where the slice
+    meets the sequence."""
+    if len(node.inputs) < 3 or any(v is None for v in node.inputs[:3]):
+        return None
+    data_dims = _dims(node.inputs[0].shape)
+    starts = _ints(node.inputs[1])
+    ends = shape_entries(node.inputs[2], node.inputs[0])
+    axes = _ints(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None \
+        else list(range(len(starts or ())))
+    steps = _ints(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] is not None \
+        else [1] * len(starts or ())
+    if (data_dims is None or starts is None or ends is None or axes is None or steps is None
+            or not len(starts) == len(ends) == len(axes) == len(steps)
+            or any(s != 0 for s in starts) or any(s != 1 for s in steps)):
+        return None
+    dims = list(data_dims)
+    for axis, end in zip(axes, ends, strict=True):
+        if not -len(dims) <= axis < len(dims):
+            return None
+        size = dims[axis]
+        if isinstance(end, int) and not isinstance(end, bool):
+            if isinstance(size, int):
+                dims[axis] = max(0, min(end + size if end < 0 else end, size))
+            else:
+                dims[axis] = size if end >= SLICE_TO_END else None
+        else:
+            dims[axis] = _entry_dim(end, data_dims)
+    return dims
+
+
+def _flatten_dims(node: ir.Node) -> Dims | None:
+    """Flatten's two dims: the products of the dims before and from ``axis``."""
+    data_dims = _dims(node.inputs[0].shape) if node.inputs and node.inputs[0] else None
+    if data_dims is None or None in data_dims:
+        return None
+    attr = node.attributes.get("axis")
+    axis = 1 if attr is None else int(attr.value)
+    if not -len(data_dims) <= axis <= len(data_dims):
+        return None
+    if axis < 0:
+        axis += len(data_dims)
+    return [symbolic_product(data_dims[:axis]), symbolic_product(data_dims[axis:])]
+
+
+_COMPUTED: dict[str, Callable[[ir.Node], Dims | None]] = {
+    "Range": _range_dims,
+    "Reshape": _reshape_dims,
+    "Expand": _expand_dims,
+    "ConstantOfShape": _constant_of_shape_dims,
+    "Slice": _slice_dims,
+    "Flatten": _flatten_dims,
+}
+
+
+def _broadcast(first: Dims, second: Dims) -> Dims:
+    """Multidirectional broadcasting of two shapes: a dim against 1 is that dim, a known
+    size other than 1 against an unknown or named one is that size (the op fails on any
+    other), two different names or unknowns are unknown."""
+    out: Dims = []
+    for i in range(1, max(len(first), len(second)) + 1):
+        a = first[-i] if i <= len(first) else 1
+        b = second[-i] if i <= len(second) else 1
+        if a == 1 or a == b:
+            out.append(b)
+        elif b == 1:
+            out.append(a)
+        elif isinstance(a, int):
+            out.append(a if not isinstance(b, int) else None)
+        elif isinstance(b, int):
+            out.append(b)
+        else:
+            out.append(None)
+    return list(reversed(out))
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def _entry_dim(entry: Entry, data_dims: Sequence[int | str | None] | None) -> int | str | None:
+    """The dim one entry of a shape vector sets: a size, a name, a dim of the input."""
+    if isinstance(entry, bool):
+        return None
+    if isinstance(entry, int):
+        return entry if entry >= 0 else None
+    if isinstance(entry, Named):
+        return entry.name
+    if isinstance(entry, Dim) and data_dims is not None and entry.axis < len(data_dims):
+        return data_dims[entry.axis]
+    return None
+
+
+def _is_int(entry: Entry, number: int) -> bool:
+    return isinstance(entry, int) and not isinstance(entry, bool) and entry == number
+
+
+def _dims(shape: ir.Shape | None) -> Dims | None:
+    if shape is None:
+        return None
+    return [None if _minted(d) else _plain_dim(d) for d in shape]
+
+
+def _ints(value: ir.Value) -> list[int] | None:
+    tensor = _const_tensor(value)
+    if tensor is None or len(tensor.shape) != 1 or not tensor.dtype.is_integer():
+        return None
+    return [int(v) for v in tensor.numpy()]
 
 
 def _scalar(value: ir.Value) -> int | None:
@@ -66,14 +281,9 @@ def _scalar(value: ir.Value) -> int | None:
     return int(tensor.numpy().reshape(()))
 
 
-def _has_dims(value: ir.Value, dims: list[int | str]) -> bool:
-    shape = value.shape
-    return shape is not None and [_plain_dim(d) for d in shape] == dims
-
-
 def _minted(dim: int | ir.SymbolicDim) -> bool:
-    return (not isinstance(dim, int) and dim.value is not None
-            and MINTED_SYMBOL.fullmatch(dim.value) is not None)
+    return not isinstance(dim, int) and (
+        dim.value is None or MINTED_SYMBOL.fullmatch(dim.value) is not None)
 
 
 def _inferred_values(graph: ir.Graph) -> list[ir.Value]:

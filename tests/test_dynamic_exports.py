@@ -188,3 +188,78 @@ def test_classic_export_names_the_position_range_and_fuses_masked_attention(tmp_
                      and n.outputs[0].shape is not None and n.outputs[0].shape.rank() == 3]
     assert [d if isinstance(d, int) else d.value for d in embeddings.outputs[0].shape] == [
         "batch_size", "sequence_length", 64]
+
+
+TS5_BERT = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (int64[batch_size,sequence_length] input_ids,
+       int64[batch_size,sequence_length] attention_mask)
+      => (float[batch_size,sequence_length,64] y)
+    <float[256,64] tok, float[64,64] pos, int64[1,64] positions, float[64,64] wq,
+     float[64,64] wk, float[64,64] wv, float[64,64] wo, float ninf,
+     int64 i0 = {0}, int64 i1 = {1}, int64[1] a0 = {0}, int64[1] a1 = {1},
+     int64[3] a123 = {1, 2, 3}, int64[3] a013 = {0, 1, 3}, int64[3] a012 = {0, 1, 2},
+     int64[1] m1 = {-1}, int64[1] d16 = {16}, int64[4] m1x4 = {-1, -1, -1, -1},
+     int64[4] one4 = {1, 1, 1, 1}, float zf = {0.0}, float c = {0.25}, bool yes = {1}>
+    {
+      sh = Shape(input_ids)  n = Gather<axis=0>(sh, i1)  nu = Unsqueeze(n, a0)
+      ids = Slice(positions, a0, nu, a1)  pe = Gather(pos, ids)  te = Gather(tok, input_ids)
+      x = Add(te, pe)
+      mb = Cast<to=9>(attention_mask)
+      xs = Shape(x)  bsz = Gather<axis=0>(xs, i0)  qlen = Gather<axis=0>(xs, i1)
+      ms = Shape(mb)  klen = Gather<axis=0>(ms, i1)
+      rb = Range(i0, bsz, i1)  rq = Range(i0, qlen, i1)  rk = Range(i0, klen, i1)
+      b4 = Unsqueeze(rb, a123)  q4i = Unsqueeze(rq, a013)  k4i = Unsqueeze(rk, a012)
+      qok = GreaterOrEqual(q4i, i0)  qm = And(yes, qok)
+      kl1 = Gather<axis=0>(ms, a1)  flat = Flatten<axis=2>(mb)  off = Mul(b4, kl1)
+      idx = Add(k4i, off)  g5 = Gather<axis=0>(flat, idx)  ish = Shape(idx)
+      g1 = Reshape(g5, m1)  pad = Reshape(g1, ish)  both = And(qm, pad)
+      ub = Unsqueeze(bsz, a0)  uq = Unsqueeze(qlen, a0)  uk = Unsqueeze(klen, a0)
+      tgt = Concat<axis=0>(ub, m1, uq, uk)  eq = Equal(tgt, m1x4)  tg = Where(eq, one4, tgt)
+      me = Expand(both, tg)  mask = Where(me, zf, ninf)
+      h4 = Concat<axis=0>(ub, uq, m1, d16)  t3 = Concat<axis=0>(ub, uq, m1)
+      q = MatMul(x, wq)  k = MatMul(x, wk)  v = MatMul(x, wv)
+      q4 = Reshape(q, h4)  qt = Transpose<perm=[0,2,1,3]>(q4)
+      k4 = Reshape(k, h4)  kt = Transpose<perm=[0,2,3,1]>(k4)
+      v4 = Reshape(v, h4)  vt = Transpose<perm=[0,2,1,3]>(v4)
+      a = MatMul(qt, kt)  s = Mul(a, c)  am = Add(s, mask)  p = Softmax<axis=-1>(am)
+      nan = IsNaN(p)  pg = Where(nan, zf, p)
+      o = MatMul(pg, vt)  ot = Transpose<perm=[0,2,1,3]>(o)  z = Reshape(ot, t3)
+      y = MatMul(z, wo)
+    }
+"""
+
+
+def _transformers5_bert() -> onnx.ModelProto:
+    """The embeddings and one attention block as TorchScript exports transformers 5's BERT
+    with dynamic axes: position ids sliced from a buffer to the run-time length, the mask
+    built from index ranges (batch, query, key) and the padding mask gathered from a
+    Flatten of it, expanded with torch's ``Where(Equal(s, -1), 1, s)`` and turned additive
+    by ``Where(mask, 0, -inf)``; heads split with a ``-1`` beside the run-time dims."""
+    from fusectl.ruletest import strip_dataless_initializers
+
+    text, declared = strip_dataless_initializers(TS5_BERT)
+    model = onnx.parser.parse_model(text)
+    rng = np.random.default_rng(0)
+    fixed = {"positions": np.arange(64, dtype=np.int64).reshape(1, 64),
+             "ninf": np.array(-np.inf, np.float32)}
+    model.graph.initializer.extend(
+        numpy_helper.from_array(fixed[name] if name in fixed
+                                else rng.normal(0, 0.2, dims).astype(np.float32), name)
+        for name, _, dims in declared)
+    return model
+
+
+def test_transformers5_export_names_every_dim_and_fuses_masked_attention(tmp_path) -> None:
+    """onnx's inference mints symbols for the sliced positions, the Flatten, the expanded
+    mask and every ``-1``; named (symdims), the block becomes one MultiHeadAttention."""
+    path = tmp_path / "bert5.onnx"
+    onnx.save(_transformers5_bert(), path)
+    result = fusectl.optimize(str(path), target="onnxruntime")
+    assert result.validation is not None and result.validation.passed
+    ops = Counter(n.op_type for n in result.model.graph)
+    assert ops["MultiHeadAttention"] == 1 and ops["Softmax"] == 0
+    minted = [n.name for n in result.model.graph for v in n.outputs if v.shape is not None
+              and any(not isinstance(d, int) and (d.value or "unk").startswith("unk")
+                      for d in v.shape)]
+    assert minted == []
