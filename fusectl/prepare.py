@@ -26,6 +26,7 @@ from onnxscript.optimizer import fold_constants
 
 from .deadcode import remove_unused
 from .dedupe import merge_equal_initializers
+from .shapereads import read_dims_from_inputs
 from .shapes import infer_model_shapes
 from .symdims import name_lost_dims
 from .traffic import can_fold  # the traffic model's notion of a node folding removes
@@ -85,6 +86,8 @@ def prepare(model: ir.Model, *, fold: bool = True) -> PrepareResult:
     # After folding, which turns the shapes of static models into constants: only the
     # Ranges over dynamic dims are left to name.
     shapes_inferred = name_lost_dims(model) or shapes_inferred
+    if read_dims_from_inputs(model.graph):
+        remove_unused(model)  # the Shapes read no more
     return PrepareResult(before - _count_nodes(model), shapes_inferred)
 
 

@@ -1,0 +1,164 @@
+"""Read named dims from the graph input that names them, not from the value at hand.
+
+Exports with dynamic axes read the batch and sequence lengths from whatever value is near:
+``Shape(k)[2]`` of an attention's keys (T5's relative position bias), ``Shape(h)[1]`` of a
+hidden state, dynamo's ``Shape<start=0, end=2>(x)``. Each such read is one more reader of
+the value, and a fusion whose pattern runs through the value (the keys' Transpose into
+MultiHeadAttention) cannot remove it: the pattern does not match. Once the dims are named
+(onnx's inference, then symdims), the same sizes can be read from the graph input that
+declares the names, and the value is left to its real readers. Equal names are equal sizes,
+as everywhere in the rules.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from .shapeexpr import MINTED_SYMBOL
+
+_ONNX_DOMAINS = ("", "ai.onnx")
+
+
+def read_dims_from_inputs(graph: ir.Graph) -> int:
+    """Point the main graph's reads of named dims at the graph inputs that name them:
+    ``Gather(Shape(x), i)`` and ``Shape(x)`` whose dims are all named by one input. Returns
+    the reads moved; the Shapes left unread are dead code for the caller to remove."""
+    sources = _named_input_dims(graph)
+    if not sources:
+        return 0
+    fresh = _Fresh(graph)
+    moved = 0
+    # the Gathers first: a Shape some of whose reads moved may be left whole
+    nodes = [n for n in graph if n.op_type == "Gather"] + [n for n in graph if n.op_type == "Shape"]
+    for node in nodes:
+        if node.domain not in _ONNX_DOMAINS or node.graph is not graph:
+            continue
+        read = _gathered_read(node) if node.op_type == "Gather" else _whole_read(node)
+        if read is None:
+            continue
+        origin = _one_origin(read, sources)
+        if origin is None:
+            continue
+        source, axes = origin
+        shape = fresh.shape_of(source)
+        if node.op_type == "Gather":
+            index = node.inputs[1].const_value.numpy()  # type: ignore[union-attr]
+            node.replace_input_with(0, shape)
+            if index.reshape(-1).tolist() != axes:
+                node.replace_input_with(1, fresh.constant(np.asarray(axes).reshape(index.shape)))
+        else:
+            gather = ir.node("Gather", [shape, fresh.constant(np.asarray(axes))],
+                             attributes={"axis": 0}, name=fresh.name(f"{node.name}_named"))
+            graph.insert_before(node, gather)
+            gather.outputs[0].name = fresh.name(f"{node.outputs[0].name}_named")
+            gather.outputs[0].type = node.outputs[0].type
+            gather.outputs[0].shape = node.outputs[0].shape
+            ir.convenience.replace_all_uses_with(node.outputs[0], gather.outputs[0])
+        moved += 1
+    return moved
+
+
+def _named_input_dims(graph: ir.Graph) -> dict[str, tuple[ir.Value, int]]:
+    """Each name a graph input declares as a dim, with the first input and axis naming it."""
+    sources: dict[str, tuple[ir.Value, int]] = {}
+    for value in graph.inputs:
+        if value.shape is None or value.is_initializer():
+            continue
+        for axis, dim in enumerate(value.shape):
+            if _is_name(dim):
+                sources.setdefault(dim.value, (value, axis))  # type: ignore[union-attr]
+    return sources
+
+
+def _gathered_read(node: ir.Node) -> list[ir.SymbolicDim | int] | None:
+    """The dims ``Gather(Shape(x), i)`` reads at constant indices, else None."""
+    if len(node.inputs) != 2 or node.inputs[0] is None or node.inputs[1] is None \
+            or node.attributes.get_int("axis", 0) != 0:
+        return None
+    query = node.inputs[0].producer()
+    indices = node.inputs[1].const_value
+    if query is None or query.op_type != "Shape" or query.domain not in _ONNX_DOMAINS \
+            or indices is None or node.inputs[1].is_graph_input():
+        return None
+    dims = _queried_dims(query)
+    index = indices.numpy()
+    if dims is None or index.ndim > 1 or index.dtype.kind not in "iu" \
+            or any(not -len(dims) <= int(i) < len(dims) for i in index.reshape(-1)):
+        return None
+    return [dims[int(i)] for i in index.reshape(-1)]
+
+
+def _whole_read(node: ir.Node) -> list[ir.SymbolicDim | int] | None:
+    """The dims ``Shape(x)`` reads, when x is not a graph input itself."""
+    if node.outputs[0].is_graph_output():
+        return None
+    return _queried_dims(node)
+
+
+def _queried_dims(query: ir.Node) -> list[ir.SymbolicDim | int] | None:
+    source = query.inputs[0] if query.inputs else None
+    if source is None or source.shape is None or source.is_graph_input():
+        return None
+    # Shape-15's start/end clamp and count from the end as Python's slices do
+    return list(source.shape.dims[query.attributes.get_int("start", 0):
+                                  query.attributes.get_int("end", None)])
+
+
+def _one_origin(dims: list[ir.SymbolicDim | int],
+                sources: dict[str, tuple[ir.Value, int]]) -> tuple[ir.Value, list[int]] | None:
+    """The one graph input naming every dim read, and the axes it names them at."""
+    if not dims or not all(_is_name(d) and d.value in sources for d in dims):  # type: ignore[union-attr]
+        return None
+    origins = [sources[d.value] for d in dims]  # type: ignore[union-attr]
+    if any(value is not origins[0][0] for value, _ in origins):
+        return None
+    return origins[0][0], [axis for _, axis in origins]
+
+
+def _is_name(dim: ir.SymbolicDim | int) -> bool:
+    return (not isinstance(dim, int) and dim.value is not None
+            and MINTED_SYMBOL.fullmatch(dim.value) is None)
+
+
+class _Fresh:
+    """New values for the moved reads: one Shape per graph input, int64 index constants."""
+
+    def __init__(self, graph: ir.Graph) -> None:
+        self.graph = graph
+        self.used = {v.name for v in graph.inputs} | set(graph.initializers)
+        self.used |= {v.name for node in graph for v in node.outputs}
+        self.used |= {node.name for node in graph}
+        self.shapes: dict[int, ir.Value] = {}
+
+    def name(self, base: str | None) -> str:
+        base = base or "shape_read"
+        name, number = base, 0
+        while name in self.used:
+            number += 1
+            name = f"{base}_{number}"
+        self.used.add(name)
+        return name
+
+    def shape_of(self, source: ir.Value) -> ir.Value:
+        known = self.shapes.get(id(source))
+        if known is None:
+            node = ir.node("Shape", [source], name=self.name(f"{source.name}_shape"))
+            first = next(iter(self.graph), None)
+            if first is None:
+                self.graph.append(node)
+            else:
+                self.graph.insert_before(first, node)
+            known = node.outputs[0]
+            known.name = self.name(f"{source.name}_shape")
+            known.type = ir.TensorType(ir.DataType.INT64)
+            known.shape = ir.Shape([len(source.shape or ())])
+            self.shapes[id(source)] = known
+        return known
+
+    def constant(self, array: np.ndarray) -> ir.Value:
+        array = array.astype(np.int64)
+        value = ir.Value(name=self.name("named_dim_axes"), type=ir.TensorType(ir.DataType.INT64),
+                         shape=ir.Shape(array.shape), const_value=ir.Tensor(array))
+        self.graph.register_initializer(value)
+        return value

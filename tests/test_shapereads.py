@@ -1,0 +1,127 @@
+"""Tests for fusectl.shapereads: reads of named dims move to the graph input naming them, so
+the value they were read from keeps only its real readers; what they compute is unchanged."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import onnx
+import onnx.parser
+import onnx_ir as ir
+import onnxruntime as ort
+import pytest
+from onnx import numpy_helper
+
+import fusectl
+from fusectl import shapereads
+from fusectl.deadcode import remove_unused
+from fusectl.modelio import from_proto
+
+
+def _model(body: str) -> onnx.ModelProto:
+    text = f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[B,S,64] x, float[T,64] t) => (float[B,S,64] y, int64[N] n)
+        <int64 i0 = {{0}}, int64 i1 = {{1}}, int64 i2 = {{2}}, int64[1] a0 = {{0}},
+         int64[1] m1 = {{-1}}, int64[2] i01 = {{0, 1}}, int64[4] hd4 = {{0, 0, 4, 16}}>
+        {{
+          h = Relu(x)  y = Identity(h)  r = Reshape(h, hd4)
+          {body}
+        }}
+    """
+    return onnx.parser.parse_model(text)
+
+
+READS = {
+    # T5's key length: a scalar read of a transposed value's dim
+    "scalar-gather": ("k = Transpose<perm=[0,2,1,3]>(r)  ks = Shape(k)  s = Gather<axis=0>(ks, i2)"
+                      "  n = Unsqueeze(s, a0)"),
+    # two dims at once, in another order
+    "vector-gather": "ks = Shape(r)  n = Gather<axis=0>(ks, i10)",
+    # dynamo's slice of the shape, every dim named by x
+    "whole-shape": "ks = Shape<start=0, end=2>(r)  n = Identity(ks)",
+}
+
+
+def _run(model: onnx.ModelProto, batch: int, length: int) -> list[np.ndarray]:
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.normal(size=(batch, length, 64)).astype(np.float32),
+             "t": rng.normal(size=(3, 64)).astype(np.float32)}
+    return session.run(None, feeds)
+
+
+@pytest.mark.parametrize("case", sorted(READS))
+def test_named_dims_are_read_from_the_input_and_compute_the_same(case: str) -> None:
+    proto = _model(READS[case])
+    proto.graph.initializer.append(numpy_helper.from_array(np.array([1, 0], np.int64), "i10"))
+    model = from_proto(proto)
+    assert shapereads.read_dims_from_inputs(model.graph) == 1
+    remove_unused(model)
+    shapes = [n for n in model.graph if n.op_type == "Shape"]
+    assert [s.inputs[0].name for s in shapes] == ["x"]  # no read of r (or k) is left
+    assert Counter(n.op_type for n in model.graph)["Transpose"] == 0
+    after = ir.serde.serialize_model(model)
+    for batch, length in ((1, 3), (2, 7)):
+        for want, got in zip(_run(proto, batch, length), _run(after, batch, length), strict=True):
+            np.testing.assert_array_equal(want, got)
+
+
+@pytest.mark.parametrize("body", [
+    "ks = Shape(r)  n = Gather<axis=0>(ks, i2)",  # a static dim (4): folding's business
+    "ks = Shape(r)  d = Gather<axis=0>(ks, i1)  e = Gather<axis=0>(ks, i2)  n = Concat<axis=0>("
+    "d1, e1)  d1 = Unsqueeze(d, a0)  e1 = Unsqueeze(e, a0)",  # the Shape is still read whole
+    "u = Concat<axis=0>(h, h)  ks = Shape(u)  n = Gather<axis=0>(ks, i01)",  # 2*B is no input's
+    "ks = Shape(x)  n = Gather<axis=0>(ks, i01)",  # read from the input already
+    "n = Shape(r)",  # a static dim among the named ones
+])
+def test_reads_no_input_names_stay(body: str) -> None:
+    model = from_proto(_model(body))
+    before = [(n.op_type, [v.name for v in n.inputs]) for n in model.graph]
+    moved = shapereads.read_dims_from_inputs(model.graph)
+    after = [(n.op_type, [v.name for v in n.inputs]) for n in model.graph]
+    if "e1" in body:
+        assert moved == 1 and after != before  # the dynamic dim moved, the static one did not
+    else:
+        assert moved == 0 and after == before
+
+
+T5_KEYS = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[batch_size,sequence_length,64] x) => (float[batch_size,sequence_length,64] y)
+    <float[64,64] wq, float[64,64] wk, float[64,64] wv, float[64,64] wo,
+     int64 i0 = {0}, int64 i1 = {1}, int64 i2 = {2}, int64[3] a012 = {0, 1, 2},
+     int64[4] h4 = {0, 0, 4, 16}, int64[3] h3 = {0, 0, 64}, float small = {0.01}>
+    {
+      q = MatMul(x, wq)  k = MatMul(x, wk)  v = MatMul(x, wv)
+      q4 = Reshape(q, h4)  qt = Transpose<perm=[0,2,1,3]>(q4)
+      k4 = Reshape(k, h4)  kt = Transpose<perm=[0,2,3,1]>(k4)  ks = Transpose<perm=[0,2,1,3]>(k4)
+      v4 = Reshape(v, h4)  vt = Transpose<perm=[0,2,1,3]>(v4)
+      kshape = Shape(ks)  klen = Gather<axis=0>(kshape, i2)  pos = Range(i0, klen, i1)
+      pf = Cast<to=1>(pos)  pb = Mul(pf, small)  bias = Unsqueeze(pb, a012)
+      a = MatMul(qt, kt)  am = Add(a, bias)  p = Softmax<axis=-1>(am)
+      o = MatMul(p, vt)  ot = Transpose<perm=[0,2,1,3]>(o)  z = Reshape(ot, h3)
+      y = MatMul(z, wo)
+    }
+"""
+
+
+def test_a_key_length_read_no_longer_keeps_the_attention_from_fusing(tmp_path) -> None:
+    """T5 reads the key length from the keys' [B,H,L,D] Transpose for its position bias: a
+    second reader of the keys' Reshape, which the attention pattern must own. Read from the
+    input instead, the Transpose is dead and the block becomes one MultiHeadAttention."""
+    from fusectl.ruletest import strip_dataless_initializers
+
+    text, declared = strip_dataless_initializers(T5_KEYS)
+    model = onnx.parser.parse_model(text)
+    rng = np.random.default_rng(0)
+    model.graph.initializer.extend(
+        numpy_helper.from_array(rng.normal(0, 0.2, dims).astype(np.float32), name)
+        for name, _, dims in declared)
+    path = tmp_path / "t5.onnx"
+    onnx.save(model, path)
+    result = fusectl.optimize(str(path), target="onnxruntime")
+    assert result.validation is not None and result.validation.passed
+    ops = Counter(n.op_type for n in result.model.graph)
+    assert ops["MultiHeadAttention"] == 1 and ops["Softmax"] == 0
