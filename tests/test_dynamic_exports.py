@@ -18,6 +18,7 @@ import onnx
 import onnx.parser
 import pytest
 from onnx import numpy_helper
+from values import parse_with_weights
 
 import fusectl
 
@@ -162,15 +163,7 @@ def _classic_bert() -> onnx.ModelProto:
     """The embeddings and one attention block as TorchScript exports transformers 4.x's BERT
     with dynamic axes: position ids from ``Range(0, input_ids.size(1), 1)``, the padding
     mask ``(1 - mask[:, None, None, :]) * lowest`` of shape [batch, 1, 1, sequence]."""
-    from fusectl.ruletest import strip_dataless_initializers
-
-    text, declared = strip_dataless_initializers(CLASSIC_BERT)
-    model = onnx.parser.parse_model(text)
-    rng = np.random.default_rng(0)
-    model.graph.initializer.extend(
-        numpy_helper.from_array(rng.normal(0, 0.2, dims).astype(np.float32), name)
-        for name, _, dims in declared)
-    return model
+    return parse_with_weights(CLASSIC_BERT)
 
 
 def test_classic_export_names_the_position_range_and_fuses_masked_attention(tmp_path) -> None:
@@ -236,18 +229,9 @@ def _transformers5_bert() -> onnx.ModelProto:
     built from index ranges (batch, query, key) and the padding mask gathered from a
     Flatten of it, expanded with torch's ``Where(Equal(s, -1), 1, s)`` and turned additive
     by ``Where(mask, 0, -inf)``; heads split with a ``-1`` beside the run-time dims."""
-    from fusectl.ruletest import strip_dataless_initializers
-
-    text, declared = strip_dataless_initializers(TS5_BERT)
-    model = onnx.parser.parse_model(text)
-    rng = np.random.default_rng(0)
-    fixed = {"positions": np.arange(64, dtype=np.int64).reshape(1, 64),
-             "ninf": np.array(-np.inf, np.float32)}
-    model.graph.initializer.extend(
-        numpy_helper.from_array(fixed[name] if name in fixed
-                                else rng.normal(0, 0.2, dims).astype(np.float32), name)
-        for name, _, dims in declared)
-    return model
+    return parse_with_weights(TS5_BERT, {
+        "positions": np.arange(64, dtype=np.int64).reshape(1, 64),
+        "ninf": np.array(-np.inf, np.float32)})
 
 
 def test_transformers5_export_names_every_dim_and_fuses_masked_attention(tmp_path) -> None:

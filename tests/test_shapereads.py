@@ -12,6 +12,7 @@ import onnx_ir as ir
 import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
+from values import parse_with_weights
 
 import fusectl
 from fusectl import shapereads
@@ -111,14 +112,7 @@ def test_a_key_length_read_no_longer_keeps_the_attention_from_fusing(tmp_path) -
     """T5 reads the key length from the keys' [B,H,L,D] Transpose for its position bias: a
     second reader of the keys' Reshape, which the attention pattern must own. Read from the
     input instead, the Transpose is dead and the block becomes one MultiHeadAttention."""
-    from fusectl.ruletest import strip_dataless_initializers
-
-    text, declared = strip_dataless_initializers(T5_KEYS)
-    model = onnx.parser.parse_model(text)
-    rng = np.random.default_rng(0)
-    model.graph.initializer.extend(
-        numpy_helper.from_array(rng.normal(0, 0.2, dims).astype(np.float32), name)
-        for name, _, dims in declared)
+    model = parse_with_weights(T5_KEYS)
     path = tmp_path / "t5.onnx"
     onnx.save(model, path)
     result = fusectl.optimize(str(path), target="onnxruntime")

@@ -9,6 +9,7 @@ import onnx.numpy_helper
 import onnx.parser
 import onnx_ir as ir
 import pytest
+from values import parse_with_weights
 
 from fusectl import symdims
 from fusectl.modelio import from_proto
@@ -101,16 +102,8 @@ CASES = {
 
 
 def _case(nodes: str) -> ir.Model:
-    text = PREFIX + nodes + "\n}"
-    from fusectl.ruletest import strip_dataless_initializers
-
-    text, declared = strip_dataless_initializers(text)
-    proto = onnx.parser.parse_model(text)
-    for name, _, dims in declared:
-        proto.graph.initializer.append(onnx.numpy_helper.from_array(
-            np.arange(int(np.prod(dims))).reshape(dims).astype(
-                np.int64 if name == "positions" else np.float32), name))
-    return from_proto(proto)
+    positions = np.arange(64, dtype=np.int64).reshape(1, 64)
+    return from_proto(parse_with_weights(PREFIX + nodes + "\n}", {"positions": positions}))
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

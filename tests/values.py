@@ -30,3 +30,24 @@ def dynamic(name: str, dims: list[int | str | None] | None,
 def evaluate(source: str, **env: Any) -> Any:
     """Parse ``source`` knowing the names of ``env`` and evaluate it there."""
     return parse(source, list(env)).evaluate(env)
+
+
+def parse_with_weights(text: str, fixed: dict[str, np.ndarray] | None = None,
+                       scale: float = 0.2) -> Any:
+    """An onnx ModelProto from onnx's text format whose initializers declared without data
+    (``<float[64,64] w>``) get normal random weights of that ``scale``, or the arrays in
+    ``fixed`` (position buffers, -inf)."""
+    import onnx.parser
+    from onnx import numpy_helper
+
+    from fusectl.ruletest import strip_dataless_initializers
+
+    text, declared = strip_dataless_initializers(text)
+    model = onnx.parser.parse_model(text)
+    rng = np.random.default_rng(0)
+    fixed = fixed or {}
+    model.graph.initializer.extend(
+        numpy_helper.from_array(fixed[name] if name in fixed
+                                else rng.normal(0, scale, dims).astype(np.float32), name)
+        for name, _, dims in declared)
+    return model
