@@ -50,8 +50,12 @@ def name_lost_dims(model: ir.Model) -> bool:
         found = _computable_shapes(graph)
         if not found:
             break
-        saved = {value: value.shape for value in _inferred_values(graph)}
-        for value, shape in saved.items():
+        # Only what depends on the new shapes is inferred afresh: elsewhere the symbols onnx
+        # minted stay, and with them what they tell (two values with one symbol are as long)
+        downstream = _downstream(graph, list(found))
+        saved = {value: value.shape for value in [*found, *downstream]}
+        for value in downstream:
+            shape = value.shape
             if shape is not None and any(_minted(d) for d in shape):
                 value.shape = ir.Shape([None if _minted(d) else d for d in shape])
         for value, dims in found.items():
@@ -76,7 +80,7 @@ def _computable_shapes(graph: ir.Graph) -> dict[ir.Value, Dims]:
         if out.type is None or id(out) in outputs:
             continue  # a graph output keeps its declared shape
         current = _dims(out.shape)
-        if current is not None and None not in current:
+        if current is not None and not any(_unknown(d) for d in current):
             continue
         computed = compute(node)
         merged = None if computed is None else _better(current, computed)
@@ -86,18 +90,42 @@ def _computable_shapes(graph: ir.Graph) -> dict[ir.Value, Dims]:
 
 
 def _better(current: Dims | None, computed: Dims) -> Dims | None:
-    """``current`` with the dims it lacks taken from ``computed``; None when that names
-    nothing new or the two disagree (onnx's own dims are kept)."""
+    """``current`` with the dims it lacks (unknown, or a symbol onnx minted) taken from
+    ``computed``; None when that tells nothing new or the two disagree (onnx's own sizes
+    and names are kept)."""
     if current is None:
-        return computed if any(d is not None for d in computed) else None
+        # an untyped value is typed when the shape is whole or names a dim: a dim left
+        # unknown gets a fresh symbol, which nothing downstream can be matched with once a
+        # rule gives the value its real dim (a Reshape's run-time target made constant)
+        named = any(isinstance(d, str) and not _unknown(d) for d in computed)
+        return computed if None not in computed or named else None
     if len(current) != len(computed):
         return None
     merged: Dims = []
     for known, new in zip(current, computed, strict=True):
-        if known is not None and new is not None and known != new:
+        if _unknown(new):  # a minted symbol tells something only where nothing is known
+            merged.append(new if known is None else known)
+        elif _unknown(known) or known == new:
+            merged.append(new)
+        else:
             return None
-        merged.append(known if known is not None else new)
     return merged if merged != current else None
+
+
+def _downstream(graph: ir.Graph, values: list[ir.Value]) -> list[ir.Value]:
+    """The values computed from ``values``, but the graph's outputs (declared shapes)."""
+    outputs = {id(v) for v in graph.outputs}
+    seen = {id(v) for v in values}
+    queue, found = list(values), []
+    while queue:
+        for use in queue.pop().uses():
+            for out in use.node.outputs:
+                if id(out) not in seen:
+                    seen.add(id(out))
+                    queue.append(out)
+                    if id(out) not in outputs:
+                        found.append(out)
+    return found
 
 
 # ----------------------------------------------------------------------------- ops
@@ -140,7 +168,7 @@ def _reshape_dims(node: ir.Node) -> Dims | None:
     if inferred:
         others = [d for d in dims if d is not _INFERRED]
         known = data_dims is not None and None not in data_dims and None not in others
-        dims[inferred[0]] = symbolic_quotient(data_dims, others) if known else None
+        dims[inferred[0]] = _product(symbolic_quotient(data_dims, others)) if known else None
     return dims
 
 
@@ -207,7 +235,8 @@ def _flatten_dims(node: ir.Node) -> Dims | None:
         return None
     if axis < 0:
         axis += len(data_dims)
-    return [symbolic_product(data_dims[:axis]), symbolic_product(data_dims[axis:])]
+    return [_product(symbolic_product(data_dims[:axis])),
+            _product(symbolic_product(data_dims[axis:]))]
 
 
 _COMPUTED: dict[str, Callable[[ir.Node], Dims | None]] = {
@@ -262,9 +291,24 @@ def _is_int(entry: Entry, number: int) -> bool:
 
 
 def _dims(shape: ir.Shape | None) -> Dims | None:
+    """Plain dims; a symbol onnx minted is kept (equal symbols are equal sizes in one
+    inference) but counts as unknown (``_unknown``) and never enters a product."""
     if shape is None:
         return None
-    return [None if _minted(d) else _plain_dim(d) for d in shape]
+    return [_plain_dim(d) for d in shape]
+
+
+def _unknown(dim: int | str | None) -> bool:
+    return dim is None or (isinstance(dim, str) and MINTED_SYMBOL.fullmatch(dim) is not None)
+
+
+def _product(result: int | str | None) -> int | str | None:
+    """A computed product, unless it is built from a symbol onnx minted (such a name would
+    outlive the inference that minted it)."""
+    if isinstance(result, str) and "*" in result \
+            and any(MINTED_SYMBOL.fullmatch(part) for part in result.split("*")):
+        return None
+    return result
 
 
 def _ints(value: ir.Value) -> list[int] | None:
@@ -284,9 +328,3 @@ def _scalar(value: ir.Value) -> int | None:
 def _minted(dim: int | ir.SymbolicDim) -> bool:
     return not isinstance(dim, int) and (
         dim.value is None or MINTED_SYMBOL.fullmatch(dim.value) is not None)
-
-
-def _inferred_values(graph: ir.Graph) -> list[ir.Value]:
-    """The values whose shapes inference gave (the graph's outputs keep their declared ones)."""
-    outputs = {id(v) for v in graph.outputs}
-    return [out for node in graph for out in node.outputs if id(out) not in outputs]

@@ -129,3 +129,18 @@ def test_what_the_arithmetic_cannot_tell_stays_unknown(nodes: str) -> None:
     before = value.shape
     assert not symdims.name_lost_dims(model)
     assert value.shape == before
+
+
+@pytest.mark.parametrize(("current", "computed", "expected"), [
+    (None, ["B", 4], ["B", 4]),  # untyped: a whole shape
+    (None, ["B", None], ["B", None]),  # untyped: a name, the rest unknown
+    (None, [None, 1024], None),  # untyped, nothing named: a fresh symbol would split sizes
+    (["unk__1", 4], ["B", 4], ["B", 4]),  # a minted symbol gives way to a name
+    ([None, 4], ["unk__2", 4], ["unk__2", 4]),  # a copy of a minted symbol where none was
+    (["unk__1", 4], ["unk__2", 4], None),  # one minted symbol for another: nothing new
+    (["B", 4], ["S", 4], None),  # onnx's own names are kept, nothing mixed
+    (["B", 4], ["B", 4, 1], None),  # another rank
+])
+def test_what_a_computed_shape_adds(current, computed, expected) -> None:
+    assert symdims._better(current, computed) == expected
+
