@@ -1,20 +1,22 @@
 """Name the dims onnx's shape inference loses where the model's own shape arithmetic tells
-them: exports with dynamic axes compute the targets of Reshape, Expand, ConstantOfShape and
-Range from ``Shape(x)`` at run time.
+them: exports with dynamic axes compute the targets of Reshape, Expand, ConstantOfShape,
+Slice and Range from ``Shape(x)`` at run time.
 
 onnx's inference, even with data propagation, gives a fresh symbol (``unk__N``) to the
 ``-1`` of ``Reshape(x, [b, s, -1, 16])`` beside a symbolic dim, to torch's
-``expand(batch, -1, -1)`` (written ``Expand(t, Where(Equal(s, -1), 1, s))``) and to the
-length of ``arange(input_ids.size(1))``. From there on nothing can be shown to have the
-input's batch or sequence length, or 4 heads: the attention rules refuse.
+``expand(batch, -1, -1)`` (written ``Expand(t, Where(Equal(s, -1), 1, s))``), to a
+``Flatten`` of symbolic dims, to ``position_ids[:, :seq_len]`` and to the length of
+``arange(input_ids.size(1))``. From there on nothing can be shown to have the input's batch
+or sequence length, or 4 heads: the attention rules refuse.
 
 Each such output's dims are read with shapeexpr's evaluator (each op evaluated as
 onnxruntime does; a ``-1`` is the quotient of the products of the dims), the symbols onnx
-minted are forgotten, and onnx's inference runs again; it keeps a declared dim it cannot
-compute itself, so the names flow on. A name reaching a ``Shape`` downstream lets the next
-target be read, so rounds repeat while one names something new. Equal names are equal
-sizes, and a name spelled ``a*b`` is the product of ``a`` and ``b``, as everywhere in the
-rules.
+minted downstream of it are forgotten, and onnx's inference runs again; it keeps a declared
+dim it cannot compute itself, so the names flow on. A name reaching a ``Shape`` downstream
+lets the next target be read, so rounds repeat while one names something new. Equal names
+are equal sizes, a name spelled ``a*b`` is the product of ``a`` and ``b``, as everywhere in
+the rules, and a slice from 0 to a named length has that length (a run with a shorter
+buffer fails where the slice meets the sequence).
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ shape computation downstream (the batch dim of an Expand, then the heads' Reshap
 _ONNX_DOMAINS = ("", "ai.onnx")
 
 Dims = list[int | str | None]
-"""A shape as plain dims: ints, names, None for a dim not known (onnx's minted symbols)."""
+"""A shape as plain dims: ints, names, None for a dim not known; a symbol onnx minted is
+kept as its name but counts as unknown (``_unknown``)."""
 
 _INFERRED = object()
 """The ``-1`` entry of a Reshape target, while its size is computed."""

@@ -54,6 +54,24 @@ def test_view_b_c_hw_opset11() -> None:
     assert _target(body, consts=_gathers(0, 1, 2, 3), opset=11) == [0, 3, 20]
 
 
+def test_torch_expand_target_where_equal_minus_one() -> None:
+    # torch's x.expand(n, -1, ...) target Where(Equal(s, -1), 1, s) with s = [N, -1, 20]:
+    # N is never -1 (a dim), the -1 becomes 1, the 20 stays: [N, 1, 20] -> [0, 1, 20]
+    body = """s = Shape(x)  d0 = Gather(s, i0)  u0 = Unsqueeze<axes=[0]>(d0)
+              c = Concat<axis=0>(u0, m, k)  e = Equal(c, m3)  t = Where(e, one3, c)"""
+    consts = ("int64 i0 = {0}, int64[1] m = {-1}, int64[1] k = {20}, "
+              "int64[3] m3 = {-1, -1, -1}, int64[3] one3 = {1, 1, 1}")
+    assert _target(body, "float[N,1,4,5] x", consts) == [0, 1, 20]
+
+
+def test_where_on_an_undecidable_condition_is_unknown() -> None:
+    # Equal(N, 4) cannot be told: the first entry is unknown, written -1 (the only one)
+    body = """s = Shape(x)  d0 = Gather(s, i0)  u0 = Unsqueeze<axes=[0]>(d0)
+              c = Concat<axis=0>(u0, k)  e = Equal(c, f2)  t = Where(e, one2, c)"""
+    consts = "int64 i0 = {0}, int64[1] k = {60}, int64[2] f2 = {4, 4}, int64[2] one2 = {1, 1}"
+    assert _target(body, consts=consts) == [-1, 60]
+
+
 def test_static_dims_are_written_as_literals() -> None:
     body = "s = Shape(x)  d = Gather(s, i0)  u = Unsqueeze<axes=[0]>(d)  t = Concat<axis=0>(u, m)"
     consts = "int64 i0 = {0}, int64[1] m = {-1}"
