@@ -86,7 +86,7 @@ def prepare(model: ir.Model, *, fold: bool = True) -> PrepareResult:
     # After folding, which turns the shapes of static models into constants: only the
     # Ranges over dynamic dims are left to name.
     shapes_inferred = name_lost_dims(model) or shapes_inferred
-    if read_dims_from_inputs(model.graph):
+    if read_dims_from_inputs(model):
         remove_unused(model)  # the Shapes read no more
     return PrepareResult(before - _count_nodes(model), shapes_inferred)
 

@@ -22,6 +22,7 @@ from onnx_ir.passes.common import TopologicalSortPass
 from . import traffic
 from .compile import CompiledRule, NoRewrite, Rewrite
 from .deadcode import remove_dead_producers, remove_unused
+from .names import FreshNames
 from .shapes import infer_node
 
 RULE_TAG = "fusectl.rule"
@@ -97,34 +98,6 @@ class RewriteResult:
         return saved
 
 
-class _Names:
-    """Fresh, model-wide unique names for new nodes and values."""
-
-    def __init__(self, model: ir.Model) -> None:
-        self.used: set[str] = set()
-        for graph in _graphs(model):
-            for value in itertools.chain(graph.inputs, graph.initializers.values()):
-                if value.name:
-                    self.used.add(value.name)
-            for node in graph:
-                if node.name:
-                    self.used.add(node.name)
-                self.used.update(v.name for v in node.outputs if v.name)
-        self.counter = 0
-
-    def fresh(self, base: str) -> str:
-        base = base or "fusectl"
-        if base not in self.used:
-            self.used.add(base)
-            return base
-        while True:
-            self.counter += 1
-            name = f"{base}_{self.counter}"
-            if name not in self.used:
-                self.used.add(name)
-                return name
-
-
 def _graphs(model: ir.Model) -> Iterator[ir.Graph]:
     """The main graph and every control-flow subgraph, outermost first."""
     stack = [model.graph]
@@ -172,7 +145,7 @@ def apply_rules(
             skipped.append((rule.id, reason))
         else:
             active.append(rule)
-    names = _Names(model)
+    names = FreshNames(model)
     applications: list[Application] = []
     rejections: dict[str, list[Rejection]] = {}
     capped: set[str] = set()
@@ -389,7 +362,7 @@ def _bytes(nodes: Sequence[ir.Node], meter: traffic.Meter) -> int:
     return sum(meter.bytes(n) for n in nodes)
 
 
-def _apply(model: ir.Model, graph: ir.Graph, rewrite: Rewrite, names: _Names,
+def _apply(model: ir.Model, graph: ir.Graph, rewrite: Rewrite, names: FreshNames,
            pass_number: int, meter: traffic.Meter) -> Application:
     """Put a rewrite into the graph: fresh names, rewiring, insertion, removal."""
     bytes_before = _bytes(rewrite.matched_nodes, meter)

@@ -61,6 +61,11 @@ Reshape's input, a named dim, or None (unknown)."""
 MINTED_SYMBOL = re.compile(r"unk__\d+")
 """onnx's inference names a dim it cannot compute so: a fresh symbol, not a known size."""
 
+
+def is_minted(name: str | None) -> bool:
+    """Whether a dim's name says nothing of its size: none, or a symbol onnx minted."""
+    return name is None or MINTED_SYMBOL.fullmatch(name) is not None
+
 _INT_RANGES = {ir.DataType.INT64: (-(2**63), 2**63 - 1), ir.DataType.INT32: (-(2**31), 2**31 - 1)}
 _FLOAT_TYPES = {ir.DataType.FLOAT: np.float32, ir.DataType.DOUBLE: np.float64}
 _BOOL = ir.DataType.BOOL
@@ -214,7 +219,7 @@ class _Evaluator:
                 entries.append(Dim(axis))
             elif dim is not None and dim in self.axis_of_name:
                 entries.append(Dim(self.axis_of_name[dim]))
-            elif self.names and dim is not None and not MINTED_SYMBOL.fullmatch(dim):
+            elif self.names and not is_minted(dim):
                 entries.append(Named(dim))
             else:
                 entries.append(None)

@@ -15,19 +15,21 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from .shapeexpr import MINTED_SYMBOL
+from .names import FreshNames
+from .shapeexpr import is_minted
 
 _ONNX_DOMAINS = ("", "ai.onnx")
 
 
-def read_dims_from_inputs(graph: ir.Graph) -> int:
+def read_dims_from_inputs(model: ir.Model) -> int:
     """Point the main graph's reads of named dims at the graph inputs that name them:
     ``Gather(Shape(x), i)`` and ``Shape(x)`` whose dims are all named by one input. Returns
     the reads moved; the Shapes left unread are dead code for the caller to remove."""
+    graph = model.graph
     sources = _named_input_dims(graph)
     if not sources:
         return 0
-    fresh = _Fresh(graph)
+    fresh = _Fresh(graph, FreshNames(model))
     moved = 0
     # the Gathers first: a Shape some of whose reads moved may be left whole
     nodes = [n for n in graph if n.op_type == "Gather"] + [n for n in graph if n.op_type == "Shape"]
@@ -117,28 +119,16 @@ def _one_origin(dims: list[ir.SymbolicDim | int],
 
 
 def _is_name(dim: ir.SymbolicDim | int) -> bool:
-    return (not isinstance(dim, int) and dim.value is not None
-            and MINTED_SYMBOL.fullmatch(dim.value) is None)
+    return not isinstance(dim, int) and not is_minted(dim.value)
 
 
 class _Fresh:
     """New values for the moved reads: one Shape per graph input, int64 index constants."""
 
-    def __init__(self, graph: ir.Graph) -> None:
+    def __init__(self, graph: ir.Graph, names: FreshNames) -> None:
         self.graph = graph
-        self.used = {v.name for v in graph.inputs} | set(graph.initializers)
-        self.used |= {v.name for node in graph for v in node.outputs}
-        self.used |= {node.name for node in graph}
+        self.name = names.fresh
         self.shapes: dict[int, ir.Value] = {}
-
-    def name(self, base: str | None) -> str:
-        base = base or "shape_read"
-        name, number = base, 0
-        while name in self.used:
-            number += 1
-            name = f"{base}_{number}"
-        self.used.add(name)
-        return name
 
     def shape_of(self, source: ir.Value) -> ir.Value:
         known = self.shapes.get(id(source))

@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 import onnx_ir as ir
 
 from .expr import SLICE_TO_END, _const_tensor, symbolic_product, symbolic_quotient
-from .shapeexpr import MINTED_SYMBOL, Dim, Entry, Named, dim_name, shape_entries
+from .shapeexpr import Dim, Entry, Named, dim_name, is_minted, shape_entries
 from .shapes import _plain_dim, try_infer_model_shapes
 
 MAX_ROUNDS = 8
@@ -302,14 +302,14 @@ def _dims(shape: ir.Shape | None) -> Dims | None:
 
 
 def _unknown(dim: int | str | None) -> bool:
-    return dim is None or (isinstance(dim, str) and MINTED_SYMBOL.fullmatch(dim) is not None)
+    return dim is None or (isinstance(dim, str) and is_minted(dim))
 
 
 def _product(result: int | str | None) -> int | str | None:
     """A computed product, unless it is built from a symbol onnx minted (such a name would
     outlive the inference that minted it)."""
     if isinstance(result, str) and "*" in result \
-            and any(MINTED_SYMBOL.fullmatch(part) for part in result.split("*")):
+            and any(is_minted(part) for part in result.split("*")):
         return None
     return result
 
@@ -329,5 +329,4 @@ def _scalar(value: ir.Value) -> int | None:
 
 
 def _minted(dim: int | ir.SymbolicDim) -> bool:
-    return not isinstance(dim, int) and (
-        dim.value is None or MINTED_SYMBOL.fullmatch(dim.value) is not None)
+    return not isinstance(dim, int) and is_minted(dim.value)
