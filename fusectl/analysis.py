@@ -162,22 +162,23 @@ def report_model(
     bound = dict(dims or {})
     result = optimize(model, rules=rules, target=active, opset=opset, dims=bound, check=False,
                       fold_constants=fold_constants, conv_algo=conv_algo)
-    chosen = {r.id for r in rules} if rules is not None else None
+    chosen = ({r.id for r in rules} if rules is not None
+              else {r.id for r in with_opt_in if not r.rule.opt_in})
+    present = set(result.ops_before) | set(result.ops_after)
     left_out = {r.id: r.rule.opt_in for r in with_opt_in
-                if r.rule.opt_in and (chosen is None or r.id not in chosen)
+                if r.rule.opt_in and r.id not in chosen and _could_match(r, present)
                 and not r.skip_reason(result.model, active.names)}
     opt_in = None
     if left_out:
-        wider = [r for r in with_opt_in
-                 if r.id in left_out or (chosen is None and not r.rule.opt_in)
-                 or (chosen is not None and r.id in chosen)]
+        wider = [r for r in with_opt_in if r.id in left_out or r.id in chosen]
         again = optimize(model, rules=wider, target=active, opset=opset, dims=bound,
                          check=False, fold_constants=fold_constants, conv_algo=conv_algo)
         fired = _summaries([a for a in again.rewrite.applications if a.rule_id in left_out])
-        opt_in = OptInSummary(
-            fired, {r.rule_id: left_out[r.rule_id] for r in fired},
-            result.traffic_after.total_bytes - again.traffic_after.total_bytes,
-            result.traffic_after.kernel_count - again.traffic_after.kernel_count)
+        if fired:
+            opt_in = OptInSummary(
+                fired, {r.rule_id: left_out[r.rule_id] for r in fired},
+                result.traffic_after.total_bytes - again.traffic_after.total_bytes,
+                result.traffic_after.kernel_count - again.traffic_after.kernel_count)
     return ModelReport(
         source=result.source,
         target=_target_name(target, active),
@@ -190,6 +191,13 @@ def report_model(
         roofline_after=roofline(result.traffic_after, profile),
         opt_in=opt_in,
     )
+
+
+def _could_match(rule: CompiledRule, ops: set[str]) -> bool:
+    """Whether an op the rule's pattern is rooted at is in the model before or after the
+    dry run (keys as ``op_histogram`` writes them): else a second dry run is not worth its
+    cost (a load, a preparation and a rewrite of the whole model)."""
+    return any((f"{domain}.{op}" if domain else op) in ops for domain, op in rule.root_ops)
 
 
 def _target_name(spec: str | Path | Target, active: Target) -> str:

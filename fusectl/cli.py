@@ -333,11 +333,13 @@ def report_command(model: Path, device: str, conv_algo: str, rule_paths: tuple[P
                         protected=(model,))
     profile = load_device(device)
     active = resolve_target(target)
-    rules = api.load_rule_set(rule_paths, builtin=not no_builtin_rules, include=include,
-                              exclude=exclude, also_opt_in=also_opt_in,
-                              target=active)
-    with_opt_in = [] if include else api.load_rule_set(
-        rule_paths, builtin=not no_builtin_rules, exclude=exclude, target=active, opt_in=True)
+    # compiled once: the selection is a subset of the rule set with the opt-in rules
+    every = api.load_rule_set(rule_paths, builtin=not no_builtin_rules, exclude=exclude,
+                              target=active, opt_in=True)
+    chosen = {r.id for r in api.select_rules([c.rule for c in every], include, exclude,
+                                             also_opt_in=also_opt_in)}
+    rules = [r for r in every if r.id in chosen]
+    with_opt_in = [] if include else every
     with _status(quiet) as say:
         say("measuring and dry-running the rules")
         result = report_model(model, rules=rules, with_opt_in=with_opt_in, target=active,

@@ -204,10 +204,17 @@ class _Problems:
     def __init__(self, file: str) -> None:
         self.file = file
         self.items: list[tuple[SourceSpan | None, str]] = []
+        self.refused: set[int] = set()
+        """Lines where a YAML tag or alias was refused: what it stood for is not reported
+        again there (as a missing summary, or a file that is not a mapping)."""
 
-    def add(self, line: int | None, message: str) -> None:
-        span = SourceSpan(self.file, line) if line else SourceSpan(self.file, 1)
-        self.items.append((span, message))
+    def add(self, line: int | None, message: str, *, refusal: bool = False) -> None:
+        line = line or 1
+        if refusal:
+            self.refused.add(line)
+        elif line in self.refused:
+            return
+        self.items.append((SourceSpan(self.file, line), message))
 
 
 _SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -253,11 +260,12 @@ def _compose_fast(text: str) -> yaml.Node | None:
 def _convert(node: yaml.Node, problems: _Problems, seen: set[int]) -> _Node:
     line = node.start_mark.line + 1
     if id(node) in seen:
-        problems.add(line, "YAML anchors and aliases are not allowed in rule files")
+        problems.add(line, "YAML anchors and aliases are not allowed in rule files",
+                     refusal=True)
         return _Node(None, line)
     seen.add(id(node))
     if node.tag not in _STANDARD_TAGS:
-        problems.add(line, f"YAML tag {node.tag!r} is not allowed in rule files")
+        problems.add(line, f"YAML tag {node.tag!r} is not allowed in rule files", refusal=True)
         return _Node(None, line)
     if isinstance(node, yaml.MappingNode):
         mapping: dict[str, _Node] = {}

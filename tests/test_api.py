@@ -72,6 +72,10 @@ def test_opt_in_rules_run_only_when_named(tmp_path) -> None:
     skipped = fusectl.load_rule_set([path], builtin=False, opt_in=True,
                                     exclude=["transpose-pair-gone"])
     assert skipped == []
+    # --opt-in beside --rule adds to the named rules instead of being dropped
+    both = fusectl.load_rule_set(include=["conv-bn-fold"], also_opt_in=["ort-skip-rmsnorm"],
+                                 target="onnxruntime")
+    assert sorted(r.id for r in both) == ["conv-bn-fold", "ort-skip-rmsnorm"]
 
 
 def test_builtin_opt_in_rules_are_off_by_default() -> None:

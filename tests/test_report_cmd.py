@@ -320,3 +320,25 @@ def test_report_names_opt_in_rules_that_would_fire(capsys, tmp_path: Path, args,
     else:
         assert off == [] and "Opt-in rules" not in out
         assert "Opt-in rules" not in (tmp_path / "r.html").read_text()
+
+
+def test_no_second_dry_run_when_no_opt_in_rule_can_match(tmp_path: Path, monkeypatch) -> None:
+    """The ort target's opt-in rules root at (Simplified)LayerNormalization: a model with
+    none is dry-run once, and the report has no opt-in section (None, not an empty one)."""
+    from fusectl import analysis
+
+    path = tmp_path / "relu.onnx"
+    onnx.save(onnx.parser.parse_model("""<ir_version: 9, opset_import: ["" : 17]>
+        g (float[2,8] a) => (float[2,8] z) { r = Relu(a)  z = Sigmoid(r) }"""), path)
+    calls = []
+    real = analysis.optimize
+    monkeypatch.setattr(analysis, "optimize",
+                        lambda *a, **k: calls.append(k.get("rules")) or real(*a, **k))
+    every = fusectl.load_rule_set(target="onnxruntime", opt_in=True)
+    rules = [r for r in every if not r.rule.opt_in]
+    report = analysis.report_model(path, rules=rules, with_opt_in=every, target="onnxruntime")
+    assert len(calls) == 1 and report.opt_in is None
+    skip = tmp_path / "skip.onnx"
+    onnx.save(onnx.parser.parse_model(SKIP_NORM_MODEL), skip)
+    report = analysis.report_model(skip, rules=rules, with_opt_in=every, target="onnxruntime")
+    assert len(calls) == 3 and report.opt_in is not None  # a LayerNormalization: dry-run again
