@@ -17,7 +17,6 @@ from collections.abc import Mapping
 import onnx_ir as ir
 
 from .prepare import prepare
-from .shapes import infer_model_shapes
 from .traffic import unbound_dim
 
 __all__ = ["bound_shapes"]
@@ -37,8 +36,7 @@ def bound_shapes(model: ir.Model, dims: Mapping[str, int]) -> dict[str, tuple[in
                 value.shape = ir.Shape([_bind(d, dims) for d in value.shape])
         for node in copy.graph:
             for value in node.outputs:
-                value.shape = None  # inferred again from the bound inputs
-        infer_model_shapes(copy)
+                value.shape = None  # inferred again from the bound inputs (by prepare)
         prepare(copy)
     except Exception:  # noqa: BLE001 - measuring falls back to the symbolic shapes
         return {}
@@ -74,7 +72,12 @@ def _has_unnamed_dims(graph: ir.Graph) -> bool:
                     return True
                 continue
             for dim in shape:
-                if not isinstance(dim, int) and (dim.value is None
-                                                 or unbound_dim(str(dim.value)) is None):
+                if not isinstance(dim, int) and (dim.value is None or _unnamed(dim.value)):
                     return True
     return False
+
+
+def _unnamed(name: str) -> bool:
+    """A dim the traffic model cannot count: not a name nor a product of names and numbers
+    (torch's ``batch_size*sequence_length`` is counted as its factors are)."""
+    return any(unbound_dim(part) is None and not part.isdigit() for part in name.split("*"))

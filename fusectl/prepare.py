@@ -26,7 +26,7 @@ from onnxscript.optimizer import fold_constants
 
 from .deadcode import remove_unused
 from .dedupe import merge_equal_initializers
-from .shapereads import read_dims_from_inputs
+from .shapereads import read_dims_from_inputs, shape_read
 from .shapes import infer_model_shapes
 from .symdims import name_lost_dims
 from .traffic import can_fold  # the traffic model's notion of a node folding removes
@@ -220,15 +220,14 @@ def _has_static_shape_reads(graph: ir.Graph) -> bool:
 
 
 def _static_shape_read(node: ir.Node) -> np.ndarray | None:
-    """What ``Gather(Shape(x), i)`` computes when the dims it reads are static, else None."""
-    if node.op_type != "Gather" or node.domain != "" or len(node.inputs) != 2:
+    """What ``Gather(Shape(x), i)`` computes when the dims it reads are static, else None.
+    Not when x is a graph output: its dims may be only declared."""
+    read = shape_read(node)
+    if read is None or read[0].is_graph_output() \
+            or not all(isinstance(d, int) and d >= 0 for d in read[1]):
         return None
-    data, indices = node.inputs
-    query = data.producer() if data is not None else None
-    if query is None or query.op_type != "Shape" or query.domain != "" \
-            or node.attributes.get_int("axis", 0) != 0:
-        return None
-    return _static_dims_at(query, indices)
+    shape = node.inputs[1].const_value.shape  # type: ignore[union-attr]
+    return np.asarray(read[1], dtype=np.int64).reshape(tuple(shape))
 
 
 def _fold_static_shape_reads(graph: ir.Graph) -> bool:
@@ -246,26 +245,6 @@ def _fold_static_shape_reads(graph: ir.Graph) -> bool:
             graph.remove(node, safe=True)
             folded = True
     return folded
-
-
-def _static_dims_at(query: ir.Node, indices: ir.Value | None) -> np.ndarray | None:
-    """The dims a Gather at ``indices`` reads from the output of the Shape node ``query``,
-    as the int64 array it would produce, or None when one of them is not static."""
-    source = query.inputs[0] if query.inputs else None
-    if source is None or source.shape is None or source.is_graph_output() \
-            or indices is None or indices.const_value is None or indices.is_graph_input():
-        return None
-    # Shape-15's start/end clamp and count from the end as Python's slices do
-    dims = source.shape.dims[query.attributes.get_int("start", 0):
-                             query.attributes.get_int("end", None)]
-    index = indices.const_value.numpy()
-    if index.ndim > 1 or index.dtype.kind not in "iu" \
-            or any(not -len(dims) <= int(i) < len(dims) for i in index.reshape(-1)):
-        return None
-    picked = [dims[int(i)] for i in index.reshape(-1)]
-    if not all(isinstance(d, int) and d >= 0 for d in picked):
-        return None
-    return np.asarray(picked, dtype=np.int64).reshape(index.shape)
 
 
 def _small_constant(value: ir.Value | None) -> bool:

@@ -164,7 +164,9 @@ def apply_rules(
         # at once, not in the final cleanup: a dead reader of a value (the Shape that
         # computed a replaced Reshape's target) keeps patterns through it from matching
         touched.readers_changed(remove_dead_producers(graph, read), run)
-        touched.stamp(_type_readers(rewrite.new_nodes, model), run)
+        typed = _type_readers(rewrite.new_nodes, model)
+        meter.forget(out for node in typed for out in node.outputs)
+        touched.stamp(typed, run)
         present[id(graph)].update((n.domain, n.op_type) for n in rewrite.new_nodes)
         indexes[id(graph)].invalidate()
 

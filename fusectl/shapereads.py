@@ -73,9 +73,12 @@ def _named_input_dims(graph: ir.Graph) -> dict[str, tuple[ir.Value, int]]:
     return sources
 
 
-def _gathered_read(node: ir.Node) -> list[ir.SymbolicDim | int] | None:
-    """The dims ``Gather(Shape(x), i)`` reads at constant indices, else None."""
-    if len(node.inputs) != 2 or node.inputs[0] is None or node.inputs[1] is None \
+def shape_read(node: ir.Node) -> tuple[ir.Value, list[ir.SymbolicDim | int]] | None:
+    """``(x, dims)`` when ``node`` is ``Gather(Shape(x), i)`` at constant indices: the dims
+    of x it reads, in the indices' order (reshape to the indices' shape for the value);
+    else None."""
+    if node.op_type != "Gather" or node.domain not in _ONNX_DOMAINS or len(node.inputs) != 2 \
+            or node.inputs[0] is None or node.inputs[1] is None \
             or node.attributes.get_int("axis", 0) != 0:
         return None
     query = node.inputs[0].producer()
@@ -83,28 +86,35 @@ def _gathered_read(node: ir.Node) -> list[ir.SymbolicDim | int] | None:
     if query is None or query.op_type != "Shape" or query.domain not in _ONNX_DOMAINS \
             or indices is None or node.inputs[1].is_graph_input():
         return None
-    dims = _queried_dims(query)
+    read = _queried_dims(query)
     index = indices.numpy()
-    if dims is None or index.ndim > 1 or index.dtype.kind not in "iu" \
-            or any(not -len(dims) <= int(i) < len(dims) for i in index.reshape(-1)):
+    if read is None or index.ndim > 1 or index.dtype.kind not in "iu" \
+            or any(not -len(read[1]) <= int(i) < len(read[1]) for i in index.reshape(-1)):
         return None
-    return [dims[int(i)] for i in index.reshape(-1)]
+    return read[0], [read[1][int(i)] for i in index.reshape(-1)]
+
+
+def _gathered_read(node: ir.Node) -> list[ir.SymbolicDim | int] | None:
+    """The dims ``Gather(Shape(x), i)`` reads, when x is not a graph input itself."""
+    read = shape_read(node)
+    return None if read is None or read[0].is_graph_input() else read[1]
 
 
 def _whole_read(node: ir.Node) -> list[ir.SymbolicDim | int] | None:
     """The dims ``Shape(x)`` reads, when x is not a graph input itself."""
-    if node.outputs[0].is_graph_output():
+    read = _queried_dims(node)
+    if node.outputs[0].is_graph_output() or read is None or read[0].is_graph_input():
         return None
-    return _queried_dims(node)
+    return read[1]
 
 
-def _queried_dims(query: ir.Node) -> list[ir.SymbolicDim | int] | None:
+def _queried_dims(query: ir.Node) -> tuple[ir.Value, list[ir.SymbolicDim | int]] | None:
     source = query.inputs[0] if query.inputs else None
-    if source is None or source.shape is None or source.is_graph_input():
+    if source is None or source.shape is None:
         return None
     # Shape-15's start/end clamp and count from the end as Python's slices do
-    return list(source.shape.dims[query.attributes.get_int("start", 0):
-                                  query.attributes.get_int("end", None)])
+    return source, list(source.shape.dims[query.attributes.get_int("start", 0):
+                                          query.attributes.get_int("end", None)])
 
 
 def _one_origin(dims: list[ir.SymbolicDim | int],

@@ -93,6 +93,7 @@ from typing import NamedTuple
 import onnx_ir as ir
 
 from fusectl.errors import BadInputError
+from fusectl.shapeexpr import is_minted
 
 __all__ = [
     "CONV_ALGOS",
@@ -336,14 +337,13 @@ _CONTRIB_EQUIVALENT: dict[str, str] = {
 
 _MISSING = object()
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_ANONYMOUS = re.compile(r"^unk__\d+$")
 
 def unbound_dim(name: str) -> int | None:
     """What a symbolic dim no binding names counts as: 1 when named (a dynamic batch
     defaults to 1), unknown (None) when anonymous or not a plain name (an expression)."""
     if not _IDENTIFIER.match(name):
         return None
-    return None if _ANONYMOUS.match(name) else 1
+    return None if is_minted(name) else 1
 
 
 _BITS: dict[ir.DataType, int] = {}
@@ -521,7 +521,7 @@ class _Ctx:
         result: int | None = None
         try:
             symbols = {str(s) for s in d.free_symbols()}  # type: ignore[attr-defined]
-            if not any(_ANONYMOUS.match(s) and s not in self.dims for s in symbols):
+            if not any(is_minted(s) and s not in self.dims for s in symbols):
                 bindings = {s: self.dims.get(s, 1) for s in symbols}
                 value = d.evaluate(bindings)  # type: ignore[attr-defined]
                 result = value if isinstance(value, int) else None
@@ -1325,8 +1325,8 @@ def node_traffic(
 class Meter:
     """:func:`node_traffic` for many nodes of one model: the rewrite loop costs the matched
     and the new nodes of every application, and what a value's size needs (its shape, its
-    symbolic dims) is worked out once per value instead of once per node reading it.
-    Values must not change shape while a meter is in use."""
+    symbolic dims) is worked out once per value instead of once per node reading it. A
+    value whose shape changes while a meter is in use must be ``forget``-ten."""
 
     def __init__(
         self,
@@ -1352,6 +1352,13 @@ class Meter:
         compares for every application."""
         moved = _moved(node, self._ctx, _is_weight)
         return moved.bytes_read + moved.bytes_written
+
+    def forget(self, values: Iterable[ir.Value]) -> None:
+        """Drop what was worked out for ``values``: their shapes changed (a reader typed
+        after an application)."""
+        for value in values:
+            self._ctx.shapes.pop(value, None)
+            self._ctx.sizes.pop(value, None)
 
 
 def measure(

@@ -1037,3 +1037,21 @@ def test_meter_bytes_of_folded_view_and_metadata_nodes() -> None:
     costs = {node.op_type: meter.bytes(node) for node in model.graph}
     assert costs["Add"] == costs["Reshape"] == 0 and costs["Shape"] == 4 * 8
     assert costs["Conv"] == 4 * (3 * 64 + 9 + 3 * 64)
+
+
+def test_a_meter_forgets_a_value_typed_later() -> None:
+    """The rewrite loop types a reader after an application: what the meter worked out for
+    its untyped output (unknown, 0 bytes) must not outlive the new shape."""
+    model = ir.from_proto(onnx.parser.parse_model("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[4,8] x) => (float[4,8] z) { y = Relu(x)  z = Sigmoid(y) }
+    """))
+    relu = next(n for n in model.graph if n.op_type == "Relu")
+    y = relu.outputs[0]
+    y.shape = None
+    meter = traffic.Meter()
+    untyped = meter.bytes(relu)
+    y.type, y.shape = ir.TensorType(ir.DataType.FLOAT), ir.Shape([4, 8])
+    assert meter.bytes(relu) == untyped  # cached
+    meter.forget([y])
+    assert meter.bytes(relu) == untyped + 4 * 8 * 4  # the write of y is counted now
