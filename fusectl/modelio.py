@@ -27,6 +27,7 @@ from typing import Any
 import onnx
 import onnx.version_converter
 import onnx_ir as ir
+from google.protobuf.message import EncodeError
 
 from fusectl.errors import BadInputError, InternalError
 from fusectl.protowire import Encoding, encode_model, without_weights
@@ -695,9 +696,13 @@ def _write_model_file(encoding: Encoding, tmp: Path) -> None:
 
 def _encode(model: ir.Model, shown: str) -> Encoding:
     """The model's bytes, big weights written from their own buffers (no proto copy)."""
-    encoding = encode_model(model)
+    too_big = "model proto exceeds protobuf's 2 GiB limit; save with external data"
+    try:
+        encoding = encode_model(model)
+    except EncodeError:  # protobuf's own refusal: over 2 GiB outside the initializers
+        raise _bad(shown, too_big) from None
     if encoding.size > _PROTOBUF_LIMIT_BYTES:
-        raise _bad(shown, "model proto exceeds protobuf's 2 GiB limit; save with external data")
+        raise _bad(shown, too_big)
     return encoding
 
 

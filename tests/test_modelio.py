@@ -914,3 +914,21 @@ def test_an_output_declared_with_the_wrong_rank_does_not_untype_the_model(tmp_pa
     model = load_model(path)
     relu = next(n for n in model.graph if n.op_type == "Relu")
     assert relu.outputs[0].shape == ir.Shape([2, 3, 4])
+
+
+def test_protobufs_own_size_refusal_is_one_clear_error(tmp_path, plain_model, monkeypatch):
+    """Over 2 GiB outside the initializers (a Constant's tensor kept inline), protobuf
+    refuses to serialize with a bare EncodeError: the user gets the 2 GiB advice instead,
+    and nothing is written."""
+    from google.protobuf.message import EncodeError
+
+    from fusectl import modelio
+
+    def refuse(model):
+        raise EncodeError("Failed to serialize proto")
+
+    monkeypatch.setattr(modelio, "encode_model", refuse)
+    out = tmp_path / "out.onnx"
+    with pytest.raises(BadInputError, match="2 GiB limit; save with external data"):
+        save_model(load_model(plain_model), out)
+    assert not out.exists() and list(tmp_path.iterdir()) == [plain_model]  # no temp file
