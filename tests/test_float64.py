@@ -1,0 +1,133 @@
+"""The float64 run of the reference (fusectl/float64.py) and how validation uses it: a
+candidate as accurate as the reference is not failed for the reference's own float32 error,
+and a wrong one still is."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import pytest
+
+from fusectl import float64
+from fusectl import validate as v
+
+HEADER = '<ir_version: 8, opset_import: ["" : 17]>'
+
+
+def model(text: str, header: str = HEADER) -> ir.Model:
+    return ir.serde.deserialize_model(onnx.parser.parse_model(f"{header}\n{text}"))
+
+
+# y = (x + 1e4) - 1e4 rounds x to float32's step at 1e4 (2^-10): up to 4.9e-4 off, about
+# eight times the fp32 tolerance at |x| <= 1. Exactly x in float64.
+CANCELLING = model("""
+g (float[64, 32] x) => (float[64, 32] y) <float big = {10000.0}>
+{ a = Add(x, big)  y = Sub(a, big) }
+""")
+
+
+def shifted(offset: float) -> ir.Model:
+    """y = x + offset: the exact result of CANCELLING when offset is 0."""
+    return model(f"""
+g (float[64, 32] x) => (float[64, 32] y) <float k = {{{offset!r}}}>
+{{ y = Add(x, k) }}
+""")
+
+
+def only(result: v.ValidationResult) -> v.OutputComparison:
+    (out,) = result.outputs
+    return out
+
+
+def test_the_reference_is_further_from_exact_than_the_tolerance():
+    """The premise: compared with the reference alone, the exact candidate fails."""
+    reference = v.run_reference(CANCELLING, v.ValidationOptions())
+    truth = reference.float64_outputs(0)
+    x = reference.feed_sets[0]["x"]
+    assert truth is not None and truth["y"].dtype == np.float64
+    np.testing.assert_allclose(truth["y"], x.astype(np.float64), atol=1e-9)
+    assert np.abs(reference.outputs[0]["y"] - truth["y"]).max() > 3e-4
+    plain = v.compare_outputs(reference.outputs[0], {"y": x + np.float32(0)})
+    assert not plain[0].passed
+
+
+def test_an_exact_candidate_passes_within_the_references_float32_error():
+    result = v.validate(CANCELLING, shifted(0.0))
+    out = only(result)
+    assert result.passed and out.passed
+    assert out.float64_floor is not None and 3e-4 < out.float64_floor < 1e-3
+    assert "within the reference's own float32 error" in out.reason
+    assert out.pct_out_of_tol > 0  # the float32 statistics are still reported
+    assert v.comparison_to_dict(out)["float64_floor"] == pytest.approx(out.float64_floor)
+
+
+def test_a_wrong_candidate_still_fails_and_says_so():
+    result = v.validate(CANCELLING, shifted(0.01))
+    out = only(result)
+    assert not result.passed
+    assert "beyond the reference's own float32 error too" in out.reason
+    assert out.float64_floor is not None
+
+
+def test_a_biased_candidate_fails_even_within_the_largest_error():
+    """Every element within the reference's largest error, but on average far worse."""
+    truth = np.zeros(1000)
+    ref = np.zeros(1000, np.float32)
+    ref[0] = 1e-3  # one rounding error; the rest exact
+    cand = np.full(1000, 9e-4, np.float32)
+    (plain,) = v.compare_outputs({"y": ref}, {"y": cand})
+    judge = v._Judge.of(np.dtype(np.float32), None, None, None)
+    judged = v._rejudge(plain, ref, cand, truth, judge)
+    assert not judged.passed and "mean error against its float64 run" in judged.reason
+    fine = v._rejudge(plain, ref, np.zeros(1000, np.float32) + ref, truth, judge)
+    assert fine.passed
+
+
+def test_passing_outputs_never_make_the_float64_run():
+    reference = v.run_reference(CANCELLING, v.ValidationOptions())
+    result = v.check_candidate(reference, CANCELLING)
+    assert result.passed and only(result).float64_floor is None
+    assert reference.float64 == {}  # not computed: nothing failed
+
+
+def test_contrib_and_quantized_models_have_no_float64_run():
+    contrib = model("""
+g (float[4] x) => (float[4] y) { y = com.microsoft.Gelu(x) }
+""", '<ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>')
+    quantized = model("""
+g (float[4] x) => (float[4] y) <float s = {0.5}, uint8 z = {0}>
+{ q = QuantizeLinear(x, s, z)  y = DequantizeLinear(q, s, z) }
+""")
+    assert float64.widened(contrib) is None and float64.widened(quantized) is None
+    assert float64.float64_outputs(contrib, {"x": np.ones(4, np.float32)}) is None
+
+
+def test_widening_keeps_resize_scales_and_integer_tensors():
+    m = model("""
+g (float[1, 1, 2, 2] x) => (float[1, 1, 4, 4] y)
+<float[4] sc = {1.0, 1.0, 2.0, 2.0}>
+{ c = Cast<to=1>(x)  y = Resize<mode="nearest">(c, , sc) }
+""")
+    wide = float64.widened(m)
+    assert wide is not None
+    cast, back, resize = wide.graph
+    assert cast.attributes["to"].value == int(ir.DataType.DOUBLE)
+    assert resize.inputs[2] is back.outputs[0] and back.inputs[0].name == "sc"
+    assert resize.inputs[2].type.dtype == ir.DataType.FLOAT  # the standard wants float32
+    x = np.arange(4, dtype=np.float32).reshape(1, 1, 2, 2)
+    out = float64.float64_outputs(m, {"x": x})
+    assert out is not None and out["y"].dtype == np.float64
+    np.testing.assert_array_equal(out["y"], x.repeat(2, 2).repeat(2, 3))
+    assert m.graph.node(0).attributes["to"].value == int(ir.DataType.FLOAT)  # not modified
+
+
+def test_constant_float_attributes_are_widened():
+    m = model("""
+g (float[3] x) => (float[3] y)
+{ k = Constant<value_float=0.1>()  y = Add(x, k) }
+""")
+    out = float64.float64_outputs(m, {"x": np.zeros(3, np.float32)})
+    assert out is not None
+    assert out["y"].dtype == np.float64  # the Constant became a float64 tensor
+    np.testing.assert_array_equal(out["y"], np.full(3, np.float64(np.float32(0.1))))
