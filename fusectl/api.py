@@ -33,6 +33,7 @@ from .prepare import (
 from .rewrite import Application, RewriteResult, apply_rules
 from .rulefile import TARGETS, Rule, builtin_rule_paths, load_rules, rule_files
 from .ruletest import op_histogram
+from .symdims import forget_stand_ins
 from .targets import Target, resolve_target
 from .validate import (
     OutputComparison,
@@ -254,6 +255,7 @@ def optimize(
     def finish(model: ir.Model, rewritten: RewriteResult) -> None:
         if rewritten.applications:
             tidy(model, [name for app in rewritten.applications for name in app.initializers])
+        forget_stand_ins(model)
         modelio.restore_signature(model, signature, keep_opsets=opset is not None)
         if any(f.overload for f in model.functions.values()):
             model.ir_version = max(model.ir_version, OVERLOAD_IR_VERSION)

@@ -26,9 +26,9 @@ from onnxscript.optimizer import fold_constants
 
 from .deadcode import remove_unused
 from .dedupe import merge_equal_initializers
-from .shapereads import read_dims_from_inputs, shape_read
+from .shapereads import read_dims_from_inputs, read_shape, shape_read
 from .shapes import infer_model_shapes
-from .symdims import name_lost_dims
+from .symdims import name_anonymous_input_dims, name_lost_dims
 from .traffic import can_fold  # the traffic model's notion of a node folding removes
 
 FOLD_INPUT_LIMIT = 1 << 22
@@ -81,6 +81,7 @@ def prepare(model: ir.Model, *, fold: bool = True) -> PrepareResult:
     before = _count_nodes(model)
     # Models loaded from a file were inferred on their proto already (modelio).
     shapes_inferred = _has_unknown_shapes(model.graph) and infer_model_shapes(model)
+    shapes_inferred = name_anonymous_input_dims(model) or shapes_inferred
     if fold:
         shapes_inferred = _fold_everything(model) or shapes_inferred
     # After folding, which turns the shapes of static models into constants: only the
@@ -220,14 +221,14 @@ def _has_static_shape_reads(graph: ir.Graph) -> bool:
 
 
 def _static_shape_read(node: ir.Node) -> np.ndarray | None:
-    """What ``Gather(Shape(x), i)`` computes when the dims it reads are static, else None.
+    """What ``Gather(Shape(x), i)`` or ``Slice(Shape(x), a, b)`` computes when the dims it
+    reads are static, else None.
     Not when x is a graph output: its dims may be only declared."""
     read = shape_read(node)
     if read is None or read[0].is_graph_output() \
             or not all(isinstance(d, int) and d >= 0 for d in read[1]):
         return None
-    shape = node.inputs[1].const_value.shape  # type: ignore[union-attr]
-    return np.asarray(read[1], dtype=np.int64).reshape(tuple(shape))
+    return np.asarray(read[1], dtype=np.int64).reshape(read_shape(node))
 
 
 def _fold_static_shape_reads(graph: ir.Graph) -> bool:

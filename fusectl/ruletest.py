@@ -23,6 +23,7 @@ from .compile import CompiledRule
 from .prepare import detach_legacy_initializer_inputs, prepare
 from .rewrite import apply_rules
 from .rulefile import RuleTest
+from .symdims import forget_stand_ins
 from .targets import set_aside_onnxruntime_ops
 
 _DTYPES = {
@@ -205,6 +206,7 @@ def run_rule_test(rule: CompiledRule, test: RuleTest, *, seed: int = 0,
     prepare(model, fold=test.fold)
     targets = [t for t in rule.rule.when.targets if t != "any"]
     result = apply_rules(model, [rule], target=target or (targets[0] if targets else "onnx"))
+    forget_stand_ins(model)
     fires = len(result.applications)
     problems: list[str] = []
     expect = test.expect

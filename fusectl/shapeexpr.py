@@ -66,6 +66,16 @@ def is_minted(name: str | None) -> bool:
     """Whether a dim's name says nothing of its size: none, or a symbol onnx minted."""
     return name is None or MINTED_SYMBOL.fullmatch(name) is not None
 
+
+STAND_IN_PREFIX = "anon__"
+"""How symdims names a graph input's anonymous dim while optimizing (``anon__input_ids_1``):
+a name of one axis of one input, unknown to the traffic model, removed before saving."""
+
+
+def is_stand_in(name: str | None) -> bool:
+    """Whether a dim's name is symdims' stand-in for an anonymous input dim."""
+    return name is not None and STAND_IN_PREFIX in name
+
 _INT_RANGES = {ir.DataType.INT64: (-(2**63), 2**63 - 1), ir.DataType.INT32: (-(2**31), 2**31 - 1)}
 _FLOAT_TYPES = {ir.DataType.FLOAT: np.float32, ir.DataType.DOUBLE: np.float64}
 _BOOL = ir.DataType.BOOL

@@ -74,24 +74,70 @@ def _named_input_dims(graph: ir.Graph) -> dict[str, tuple[ir.Value, int]]:
 
 
 def shape_read(node: ir.Node) -> tuple[ir.Value, list[ir.SymbolicDim | int]] | None:
-    """``(x, dims)`` when ``node`` is ``Gather(Shape(x), i)`` at constant indices: the dims
-    of x it reads, in the indices' order (reshape to the indices' shape for the value);
-    else None."""
-    if node.op_type != "Gather" or node.domain not in _ONNX_DOMAINS or len(node.inputs) != 2 \
-            or node.inputs[0] is None or node.inputs[1] is None \
-            or node.attributes.get_int("axis", 0) != 0:
+    """``(x, dims)`` when ``node`` reads dims of x from ``Shape(x)`` at constant positions:
+    ``Gather(Shape(x), i)`` (the dims in the indices' order; reshape to the indices' shape
+    for the value) or ``Slice(Shape(x), start, end)`` with step 1 (the exporters' ``x.shape[-1:]``
+    of an attention's head size); else None."""
+    if node.domain not in _ONNX_DOMAINS or not node.inputs or node.inputs[0] is None:
         return None
     query = node.inputs[0].producer()
-    indices = node.inputs[1].const_value
-    if query is None or query.op_type != "Shape" or query.domain not in _ONNX_DOMAINS \
-            or indices is None or node.inputs[1].is_graph_input():
+    if query is None or query.op_type != "Shape" or query.domain not in _ONNX_DOMAINS:
         return None
     read = _queried_dims(query)
+    if read is None:
+        return None
+    if node.op_type == "Slice":
+        bounds = _slice_bounds(node)
+        return None if bounds is None else (read[0], read[1][bounds[0]:bounds[1]])
+    if node.op_type != "Gather" or len(node.inputs) != 2 or node.inputs[1] is None \
+            or node.attributes.get_int("axis", 0) != 0:
+        return None
+    indices = node.inputs[1].const_value
+    if indices is None or node.inputs[1].is_graph_input():
+        return None
     index = indices.numpy()
-    if read is None or index.ndim > 1 or index.dtype.kind not in "iu" \
+    if index.ndim > 1 or index.dtype.kind not in "iu" \
             or any(not -len(read[1]) <= int(i) < len(read[1]) for i in index.reshape(-1)):
         return None
     return read[0], [read[1][int(i)] for i in index.reshape(-1)]
+
+
+def read_shape(node: ir.Node) -> tuple[int, ...]:
+    """The shape of what a ``shape_read`` node computes: a Gather's indices', else 1-D."""
+    if node.op_type == "Gather":
+        return tuple(node.inputs[1].const_value.shape)  # type: ignore[union-attr]
+    read = shape_read(node)
+    return (0 if read is None else len(read[1]),)
+
+
+def _slice_bounds(node: ir.Node) -> tuple[int, int] | None:
+    """(start, end) of a 1-D Slice with constant bounds, axis 0 and step 1 (inputs from
+    opset 10, attributes before); Python's slicing clamps them as Slice does."""
+    if len(node.inputs) == 1:
+        starts, ends = node.attributes.get_ints("starts"), node.attributes.get_ints("ends")
+        axes, steps = node.attributes.get_ints("axes"), None
+    else:
+        given = [_constant_ints(v) for v in (*node.inputs[1:], None, None)[:4]]
+        if any(g is False for g in given):
+            return None
+        starts, ends, axes, steps = given  # type: ignore[assignment]
+    if starts is None or ends is None or len(starts) != 1 or len(ends) != 1:
+        return None
+    if (axes is not None and list(axes) not in ([0], [-1])) \
+            or (steps is not None and list(steps) != [1]):
+        return None
+    return int(starts[0]), int(ends[0])
+
+
+def _constant_ints(value: ir.Value | None) -> list[int] | None | bool:
+    """The ints of a constant input; None when omitted; False when not a constant."""
+    if value is None:
+        return None
+    tensor = value.const_value
+    if tensor is None or value.is_graph_input():
+        return False
+    array = tensor.numpy()
+    return False if array.dtype.kind not in "iu" else [int(i) for i in array.reshape(-1)]
 
 
 def _gathered_read(node: ir.Node) -> list[ir.SymbolicDim | int] | None:

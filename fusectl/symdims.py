@@ -26,7 +26,16 @@ from collections.abc import Callable, Sequence
 import onnx_ir as ir
 
 from .expr import SLICE_TO_END, _const_tensor, symbolic_product, symbolic_quotient
-from .shapeexpr import Dim, Entry, Named, dim_name, is_minted, shape_entries
+from .shapeexpr import (
+    STAND_IN_PREFIX,
+    Dim,
+    Entry,
+    Named,
+    dim_name,
+    is_minted,
+    is_stand_in,
+    shape_entries,
+)
 from .shapes import _plain_dim, try_infer_model_shapes
 
 MAX_ROUNDS = 8
@@ -69,6 +78,57 @@ def name_lost_dims(model: ir.Model) -> bool:
             break
         changed = True
     return changed
+
+
+def name_anonymous_input_dims(model: ir.Model) -> bool:
+    """Give each anonymous dim of the main graph's inputs a name of its own
+    (``anon__input_ids_1``) and infer shapes again; True when one was named.
+
+    onnx's inference mints a fresh symbol for such a dim at every value it reaches (the
+    hidden states of a ``[1, ?]`` input_ids are ``[unk__5, unk__6, 16]``), so no two values
+    can be shown to be as long, and the shape arithmetic reading it cannot be named: the
+    attention rules refuse. A name of one axis of one input equals only itself, which is
+    true. ``forget_stand_ins`` removes the names before the model is saved."""
+    graph = model.graph
+    named: dict[ir.Value, ir.Shape] = {}
+    for value in graph.inputs:
+        shape = value.shape
+        if value.is_initializer() or shape is None \
+                or not any(isinstance(d, ir.SymbolicDim) and d.value is None for d in shape):
+            continue
+        stem = "".join(c if c.isalnum() else "_" for c in value.name or "input")
+        named[value] = shape
+        value.shape = ir.Shape([
+            f"{STAND_IN_PREFIX}{stem}_{axis}"
+            if isinstance(d, ir.SymbolicDim) and d.value is None else d
+            for axis, d in enumerate(shape)])
+    if not named:
+        return False
+    downstream = _downstream(graph, list(named))
+    saved = {value: value.shape for value in downstream}
+    for value in downstream:
+        shape = value.shape
+        if shape is not None and any(_minted(d) for d in shape):
+            value.shape = ir.Shape([None if _minted(d) else d for d in shape])
+    if try_infer_model_shapes(model) is None:
+        for value, shape in [*named.items(), *saved.items()]:  # inference failed: as it was
+            value.shape = shape
+        return False
+    return True
+
+
+def forget_stand_ins(model: ir.Model) -> None:
+    """Anonymous again: the dims ``name_anonymous_input_dims`` named, in every main-graph
+    value (the saved model declares what the user's did)."""
+    graph = model.graph
+    values = [*graph.inputs, *graph.outputs, *(out for node in graph for out in node.outputs)]
+    for value in values:
+        shape = value.shape
+        if shape is not None and any(
+                isinstance(d, ir.SymbolicDim) and is_stand_in(d.value) for d in shape):
+            value.shape = ir.Shape([
+                None if isinstance(d, ir.SymbolicDim) and is_stand_in(d.value) else d
+                for d in shape])
 
 
 def _computable_shapes(graph: ir.Graph) -> dict[ir.Value, Dims]:

@@ -93,7 +93,7 @@ from typing import NamedTuple
 import onnx_ir as ir
 
 from fusectl.errors import BadInputError
-from fusectl.shapeexpr import is_minted
+from fusectl.shapeexpr import is_minted, is_stand_in
 
 __all__ = [
     "CONV_ALGOS",
@@ -343,7 +343,7 @@ def unbound_dim(name: str) -> int | None:
     defaults to 1), unknown (None) when anonymous or not a plain name (an expression)."""
     if not _IDENTIFIER.match(name):
         return None
-    return None if is_minted(name) else 1
+    return None if is_minted(name) or is_stand_in(name) else 1
 
 
 _BITS: dict[ir.DataType, int] = {}
@@ -521,7 +521,7 @@ class _Ctx:
         result: int | None = None
         try:
             symbols = {str(s) for s in d.free_symbols()}  # type: ignore[attr-defined]
-            if not any(is_minted(s) and s not in self.dims for s in symbols):
+            if not any((is_minted(s) or is_stand_in(s)) and s not in self.dims for s in symbols):
                 bindings = {s: self.dims.get(s, 1) for s in symbols}
                 value = d.evaluate(bindings)  # type: ignore[attr-defined]
                 result = value if isinstance(value, int) else None

@@ -125,3 +125,66 @@ def test_a_key_length_read_no_longer_keeps_the_attention_from_fusing(tmp_path) -
     assert result.validation is not None and result.validation.passed
     ops = Counter(n.op_type for n in result.model.graph)
     assert ops["MultiHeadAttention"] == 1 and ops["Softmax"] == 0
+
+
+# ------------------------------------------------------------------- Slice(Shape(x)) reads
+
+
+def _sliced(bounds: str, dims: str = "B,S,4,16") -> onnx.ModelProto:
+    return onnx.parser.parse_model(f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[{dims}] x) => (float[B,S,4,16] y)
+        <int64[1] lo = {{-1}}, int64[1] hi = {{9223372036854775807}},
+         int64[1] a0 = {{0}}, int64[1] s2 = {{2}}, int64[1] m2 = {{-2}}, int64[1] m1 = {{-1}},
+         int64[1] one = {{1}}>
+        {{
+          sh = Shape(x)  d = Slice({bounds})  f = Cast<to=1>(d)  r = Sqrt(f)  y = Div(x, r)
+        }}
+    """)
+
+
+@pytest.mark.parametrize("bounds", ["sh, lo, hi", "sh, lo, hi, a0", "sh, lo, hi, m1, one"])
+def test_a_slice_of_a_shape_reading_static_dims_folds(bounds: str) -> None:
+    """dynamo's ``q.shape[-1:]`` for the attention scale: a constant once the head size is
+    static, however dynamic the other dims are, so sqrt(head_size) folds with it."""
+    proto = _sliced(bounds)
+    model = from_proto(_sliced(bounds))
+    fusectl.prepare.prepare(model)
+    ops = Counter(n.op_type for n in model.graph)
+    assert ops == {"Div": 1}, ops
+    after = ir.serde.serialize_model(model)
+    for batch, length in ((1, 3), (2, 5)):
+        x = np.random.default_rng(0).normal(size=(batch, length, 4, 16)).astype(np.float32)
+        want = ort.InferenceSession(proto.SerializeToString(),
+                                    providers=["CPUExecutionProvider"]).run(None, {"x": x})
+        got = ort.InferenceSession(after.SerializeToString(),
+                                   providers=["CPUExecutionProvider"]).run(None, {"x": x})
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-6)
+
+
+@pytest.mark.parametrize(("bounds", "dims"), [
+    ("sh, lo, hi", "B,S,4,D"),  # the dim read is dynamic
+    ("sh, m2, hi, a0, s2", "B,S,4,16"),  # step 2
+    ("sh, lo, hi, s2", "B,S,4,16"),  # axis 2 of a 1-D shape: onnxruntime would refuse
+])
+def test_a_slice_of_a_shape_that_is_not_a_static_read_stays(bounds: str, dims: str) -> None:
+    model = from_proto(_sliced(bounds, dims))
+    fusectl.prepare.prepare(model)
+    assert Counter(n.op_type for n in model.graph)["Slice"] == 1
+
+
+def test_a_block_with_anonymous_dims_fuses_and_is_saved_anonymous(tmp_path) -> None:
+    """The T5-style block with ``[?, ?, 64]`` inputs (onnxscript's BART encoder test model
+    declares ``[1, ?]`` input ids): anonymous dims are named while optimizing, so the
+    attention fuses, and the saved model declares them anonymous again."""
+    model = parse_with_weights(T5_KEYS.replace("batch_size,sequence_length", "?,?"))
+    path, out = tmp_path / "anonymous.onnx", tmp_path / "anonymous.opt.onnx"
+    onnx.save(model, path)
+    result = fusectl.optimize(str(path), target="onnxruntime")
+    ir.save(result.model, out)
+    assert result.validation is not None and result.validation.passed
+    assert Counter(n.op_type for n in result.model.graph)["MultiHeadAttention"] == 1
+    saved = onnx.load(out)
+    assert [d.WhichOneof("value") for d in saved.graph.input[0].type.tensor_type.shape.dim] \
+        == [None, None, "dim_value"]
+    assert b"anon__" not in saved.SerializeToString()

@@ -144,3 +144,48 @@ def test_what_the_arithmetic_cannot_tell_stays_unknown(nodes: str) -> None:
 def test_what_a_computed_shape_adds(current, computed, expected) -> None:
     assert symdims._better(current, computed) == expected
 
+
+
+# ------------------------------------------------------------- anonymous input dims
+
+
+ANONYMOUS = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (int64[1,?] ids, float[?,5] other) => (float[?,?,4,4] y)
+    <float[50,16] emb, int64[1] a0 = {0}, int64[1] a1 = {1}, int64[1] hd = {4}>
+    {
+      e = Gather(emb, ids)  h = Relu(e)  sh = Shape(h)  s0 = Gather<axis=0>(sh, a0)
+      s1 = Gather<axis=0>(sh, a1)  t = Concat<axis=0>(s0, s1, hd, hd)  y = Reshape(h, t)
+    }
+"""
+
+
+def test_anonymous_input_dims_get_one_name_each_until_saved() -> None:
+    """onnx mints a fresh symbol for ``[1, ?]`` at every value it reaches; named, the
+    embedding and the Reshape built from its length read one name; forgotten again, no
+    name is left."""
+    model = from_proto(parse_with_weights(ANONYMOUS))
+    assert str(_dims(model, "e")[1]).startswith("unk__")
+    assert symdims.name_anonymous_input_dims(model) is True
+    ids, other = model.graph.inputs
+    assert [d if isinstance(d, int) else d.value for d in ids.shape] == [1, "anon__ids_1"]
+    assert other.shape[0].value == "anon__other_0"
+    assert _dims(model, "e") == _dims(model, "h") == [1, "anon__ids_1", 16]
+    symdims.name_lost_dims(model)
+    assert _dims(model, "y") == [1, "anon__ids_1", 4, 4]  # the heads' Reshape, read off it
+    symdims.forget_stand_ins(model)
+    assert ids.shape[1].value is None and other.shape[0].value is None
+    text = ir.serde.serialize_model(model).SerializeToString()
+    assert b"anon__" not in text
+
+
+def test_named_and_static_inputs_get_no_stand_in() -> None:
+    model = _model()
+    before = [v.shape for v in model.graph.inputs]
+    assert symdims.name_anonymous_input_dims(model) is False
+    assert [v.shape for v in model.graph.inputs] == before
+
+
+def test_the_traffic_model_does_not_count_a_stand_in_as_one() -> None:
+    from fusectl.traffic import unbound_dim
+    assert unbound_dim("anon__ids_1") is None and unbound_dim("sequence") == 1
