@@ -118,10 +118,12 @@ def name_anonymous_input_dims(model: ir.Model) -> bool:
 
 
 def forget_stand_ins(model: ir.Model) -> None:
-    """Anonymous again: the dims ``name_anonymous_input_dims`` named, in every main-graph
-    value (the saved model declares what the user's did)."""
-    graph = model.graph
-    values = [*graph.inputs, *graph.outputs, *(out for node in graph for out in node.outputs)]
+    """Anonymous again: the dims ``name_anonymous_input_dims`` named, in every value of every
+    graph (inference carries them into subgraphs too; the saved model declares what the
+    user's did)."""
+    values = [v for graph in model.graphs()
+              for v in (*graph.inputs, *graph.outputs,
+                        *(out for node in graph for out in node.outputs))]
     for value in values:
         shape = value.shape
         if shape is not None and any(

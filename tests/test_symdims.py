@@ -189,3 +189,21 @@ def test_named_and_static_inputs_get_no_stand_in() -> None:
 def test_the_traffic_model_does_not_count_a_stand_in_as_one() -> None:
     from fusectl.traffic import unbound_dim
     assert unbound_dim("anon__ids_1") is None and unbound_dim("sequence") == 1
+
+
+def test_stand_ins_are_forgotten_inside_subgraphs_too() -> None:
+    model = from_proto(onnx.parser.parse_model("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[?,4] x, bool c) => (float[?,4] y)
+        {
+          r = Relu(x)
+          y = If(c) <then_branch = t () => (float[?,4] a) { a = Neg(r) },
+                     else_branch = e () => (float[?,4] b) { b = Abs(r) }>
+        }
+    """))
+    assert symdims.name_anonymous_input_dims(model)
+    inner = [v.shape for g in model.graphs() if g is not model.graph
+             for n in g for v in n.outputs]
+    assert any(s is not None and "anon__" in str(s) for s in inner)
+    symdims.forget_stand_ins(model)
+    assert b"anon__" not in ir.serde.serialize_model(model).SerializeToString()
