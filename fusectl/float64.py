@@ -8,10 +8,10 @@ equally accurate candidate then "fails". Validation asks this module for the flo
 only when float32 outputs disagree, and does not hold against the candidate what stays within
 the reference's own float32 error (``validate.py`` decides how).
 
-The reference is widened (every float32 tensor, type, cast and constant becomes float64) and
-run by onnx's reference evaluator, which has a float64 kernel for every standard op (the
-onnxruntime CPU provider has none for Conv). Models with ops of other domains or quantized
-ops give no float64 run: then the float32 verdict stands.
+The reference is widened (every float32 tensor, type, cast, constant and float output type
+becomes float64) and run by onnx's reference evaluator, which computes the standard ops in
+numpy at the dtype it is given (onnxruntime's CPU provider has no float64 Conv). Models with
+ops of other domains or quantized ops give no float64 run: then the float32 verdict stands.
 """
 
 from __future__ import annotations
@@ -26,13 +26,26 @@ import onnx_ir as ir
 FLOAT, DOUBLE = ir.DataType.FLOAT, ir.DataType.DOUBLE
 
 # Inputs whose type the standard fixes to float32 (index per op): they stay float32.
+# Resize-10 takes its scales second, later versions third (after roi).
 _FLOAT_ONLY_INPUTS: dict[str, tuple[int, ...]] = {"Resize": (2,), "Upsample": (1,)}
 _QUANTIZED_OPS = frozenset({
     "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QLinearConv",
     "QLinearMatMul", "MatMulInteger", "ConvInteger",
 })  # fmt: skip
-# Attributes that name an output element type.
-_DTYPE_ATTRIBUTES = ("to", "dtype")
+# The attribute naming an op's output element type, and whether float is its default.
+_DTYPE_ATTRIBUTES: dict[str, tuple[str, bool]] = {
+    "Cast": ("to", False),
+    "EyeLike": ("dtype", False),
+    "Bernoulli": ("dtype", False),
+    "RandomNormal": ("dtype", True),
+    "RandomUniform": ("dtype", True),
+    "RandomNormalLike": ("dtype", False),
+    "RandomUniformLike": ("dtype", False),
+    "HannWindow": ("output_datatype", True),
+    "HammingWindow": ("output_datatype", True),
+    "BlackmanWindow": ("output_datatype", True),
+    "MelWeightMatrix": ("output_datatype", True),
+}
 
 
 def float64_outputs(
@@ -95,10 +108,14 @@ def _widen_value(value: ir.Value) -> None:
 
 
 def _widen_node(node: ir.Node) -> None:
-    for name in _DTYPE_ATTRIBUTES:
+    if node.op_type in _DTYPE_ATTRIBUTES:
+        name, float_default = _DTYPE_ATTRIBUTES[node.op_type]
         attr = node.attributes.get(name)
-        if attr is not None and attr.type == ir.AttributeType.INT and attr.value == FLOAT:
+        if (attr is None and float_default) or (
+                attr is not None and attr.type == ir.AttributeType.INT and attr.value == FLOAT):
             node.attributes[name] = ir.AttrInt64(name, int(DOUBLE))
+    if node.op_type == "ConstantOfShape" and "value" not in node.attributes:
+        node.attributes["value"] = ir.AttrTensor("value", ir.tensor(np.zeros(1, np.float64)))
     for name, attr in list(node.attributes.items()):
         if attr.type == ir.AttributeType.TENSOR and attr.value.dtype == FLOAT:
             node.attributes[name] = ir.AttrTensor(
@@ -113,7 +130,10 @@ def _widen_node(node: ir.Node) -> None:
 
 def _keep_float_inputs(graph: ir.Graph, node: ir.Node) -> None:
     """Cast back to float32 the inputs the standard allows only as float32."""
-    for index in _FLOAT_ONLY_INPUTS.get(node.op_type, ()):
+    indices = _FLOAT_ONLY_INPUTS.get(node.op_type, ())
+    if node.op_type == "Resize" and len(node.inputs) == 2:
+        indices = (1,)
+    for index in indices:
         if index >= len(node.inputs) or node.inputs[index] is None:
             continue
         value = node.inputs[index]

@@ -68,13 +68,21 @@ def is_minted(name: str | None) -> bool:
 
 
 STAND_IN_PREFIX = "anon__"
-"""How symdims names a graph input's anonymous dim while optimizing (``anon__input_ids_1``):
-a name of one axis of one input, unknown to the traffic model, removed before saving."""
+"""How symdims names a graph input's anonymous dim while optimizing: ``anon__<input>_<axis>``
+by the input's position, a name of one axis of one input, unknown to the traffic model,
+removed before saving. A model already using such names gets none."""
+
+STAND_IN = re.compile(r"anon__\d+_\d+")
 
 
 def is_stand_in(name: str | None) -> bool:
     """Whether a dim's name is symdims' stand-in for an anonymous input dim."""
-    return name is not None and STAND_IN_PREFIX in name
+    return name is not None and STAND_IN.fullmatch(name) is not None
+
+
+def mentions_stand_in(name: str | None) -> bool:
+    """Whether a dim's name is or holds (``anon__0_1*4``) a stand-in."""
+    return name is not None and STAND_IN.search(name) is not None
 
 _INT_RANGES = {ir.DataType.INT64: (-(2**63), 2**63 - 1), ir.DataType.INT32: (-(2**31), 2**31 - 1)}
 _FLOAT_TYPES = {ir.DataType.FLOAT: np.float32, ir.DataType.DOUBLE: np.float64}

@@ -33,7 +33,7 @@ from .shapeexpr import (
     Named,
     dim_name,
     is_minted,
-    is_stand_in,
+    mentions_stand_in,
     shape_entries,
 )
 from .shapes import _plain_dim, try_infer_model_shapes
@@ -82,7 +82,7 @@ def name_lost_dims(model: ir.Model) -> bool:
 
 def name_anonymous_input_dims(model: ir.Model) -> bool:
     """Give each anonymous dim of the main graph's inputs a name of its own
-    (``anon__input_ids_1``) and infer shapes again; True when one was named.
+    (``anon__0_1``: axis 1 of the first input) and infer shapes again; True when one was named.
 
     onnx's inference mints a fresh symbol for such a dim at every value it reaches (the
     hidden states of a ``[1, ?]`` input_ids are ``[unk__5, unk__6, 16]``), so no two values
@@ -90,16 +90,17 @@ def name_anonymous_input_dims(model: ir.Model) -> bool:
     attention rules refuse. A name of one axis of one input equals only itself, which is
     true. ``forget_stand_ins`` removes the names before the model is saved."""
     graph = model.graph
+    if any(mentions_stand_in(name) for name in _dim_names(model)):
+        return False  # the model's own names look like stand-ins: they could not be told apart
     named: dict[ir.Value, ir.Shape] = {}
-    for value in graph.inputs:
+    for index, value in enumerate(graph.inputs):
         shape = value.shape
         if value.is_initializer() or shape is None \
                 or not any(isinstance(d, ir.SymbolicDim) and d.value is None for d in shape):
             continue
-        stem = "".join(c if c.isalnum() else "_" for c in value.name or "input")
         named[value] = shape
         value.shape = ir.Shape([
-            f"{STAND_IN_PREFIX}{stem}_{axis}"
+            f"{STAND_IN_PREFIX}{index}_{axis}"
             if isinstance(d, ir.SymbolicDim) and d.value is None else d
             for axis, d in enumerate(shape)])
     if not named:
@@ -117,6 +118,14 @@ def name_anonymous_input_dims(model: ir.Model) -> bool:
     return True
 
 
+def _dim_names(model: ir.Model) -> set[str]:
+    """Every dim name of every value of every graph."""
+    return {d.value for graph in model.graphs()
+            for v in (*graph.inputs, *graph.outputs, *(o for n in graph for o in n.outputs))
+            if v.shape is not None
+            for d in v.shape if isinstance(d, ir.SymbolicDim) and d.value is not None}
+
+
 def forget_stand_ins(model: ir.Model) -> None:
     """Anonymous again: the dims ``name_anonymous_input_dims`` named, in every value of every
     graph (inference carries them into subgraphs too; the saved model declares what the
@@ -127,9 +136,9 @@ def forget_stand_ins(model: ir.Model) -> None:
     for value in values:
         shape = value.shape
         if shape is not None and any(
-                isinstance(d, ir.SymbolicDim) and is_stand_in(d.value) for d in shape):
+                isinstance(d, ir.SymbolicDim) and mentions_stand_in(d.value) for d in shape):
             value.shape = ir.Shape([
-                None if isinstance(d, ir.SymbolicDim) and is_stand_in(d.value) else d
+                None if isinstance(d, ir.SymbolicDim) and mentions_stand_in(d.value) else d
                 for d in shape])
 
 

@@ -168,11 +168,11 @@ def test_anonymous_input_dims_get_one_name_each_until_saved() -> None:
     assert str(_dims(model, "e")[1]).startswith("unk__")
     assert symdims.name_anonymous_input_dims(model) is True
     ids, other = model.graph.inputs
-    assert [d if isinstance(d, int) else d.value for d in ids.shape] == [1, "anon__ids_1"]
-    assert other.shape[0].value == "anon__other_0"
-    assert _dims(model, "e") == _dims(model, "h") == [1, "anon__ids_1", 16]
+    assert [d if isinstance(d, int) else d.value for d in ids.shape] == [1, "anon__0_1"]
+    assert other.shape[0].value == "anon__1_0"
+    assert _dims(model, "e") == _dims(model, "h") == [1, "anon__0_1", 16]
     symdims.name_lost_dims(model)
-    assert _dims(model, "y") == [1, "anon__ids_1", 4, 4]  # the heads' Reshape, read off it
+    assert _dims(model, "y") == [1, "anon__0_1", 4, 4]  # the heads' Reshape, read off it
     symdims.forget_stand_ins(model)
     assert ids.shape[1].value is None and other.shape[0].value is None
     text = ir.serde.serialize_model(model).SerializeToString()
@@ -188,7 +188,29 @@ def test_named_and_static_inputs_get_no_stand_in() -> None:
 
 def test_the_traffic_model_does_not_count_a_stand_in_as_one() -> None:
     from fusectl.traffic import unbound_dim
-    assert unbound_dim("anon__ids_1") is None and unbound_dim("sequence") == 1
+    assert unbound_dim("anon__0_1") is None and unbound_dim("sequence") == 1
+
+
+def test_inputs_whose_names_differ_only_in_punctuation_get_different_stand_ins() -> None:
+    """``a.b`` and ``a_b``: names made from the input's name would collide and make two
+    unrelated dims equal (the review's wrong model); they are numbered by position."""
+    model = from_proto(onnx.parser.parse_model("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[?] "a.b", float[?] a_b) => (float[?] y, float[?] z)
+        { y = Relu("a.b")  z = Relu(a_b) }
+    """))
+    assert symdims.name_anonymous_input_dims(model)
+    assert _dims(model, "y") != _dims(model, "z")
+
+
+def test_a_model_with_names_like_stand_ins_gets_none() -> None:
+    model = from_proto(onnx.parser.parse_model("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[anon__0_0] x, float[?] u) => (float[anon__0_0] y, float[?] z)
+        { y = Relu(x)  z = Relu(u) }
+    """))
+    assert symdims.name_anonymous_input_dims(model) is False
+    assert model.graph.inputs[1].shape[0].value is None
 
 
 def test_stand_ins_are_forgotten_inside_subgraphs_too() -> None:

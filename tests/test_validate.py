@@ -824,3 +824,16 @@ g (bool c, float[2] x) => (float[2] y) { y = Where(c, x, x) }""")
     feeds = v.generate_inputs(ir.serde.deserialize_model(proto))
     assert isinstance(feeds["c"], np.ndarray) and feeds["c"].shape == ()
     assert feeds["c"].dtype == np.bool_
+
+
+def test_an_expression_dim_is_computed_from_its_symbols():
+    """dynamo declares the attention mask of a model with a KV cache as ``s16 + s62`` long
+    (new tokens + past ones): generated as 8 it would not broadcast against the scores."""
+    m = model(
+        'g (float[b, s16] x, float[b, "s16 + s62"] mask, float[b, 2, s62, 4] past) '
+        "=> (float[b, s16] y) { y = Relu(x) }"
+    )
+    feeds = v.generate_inputs(m, v.ValidationOptions(), 0)
+    assert feeds["mask"].shape == (1, 16) and feeds["past"].shape == (1, 2, 8, 4)
+    bound = v.generate_inputs(m, v.ValidationOptions(dims={"s62": 3, "s16": 5}), 0)
+    assert bound["mask"].shape == (1, 8) and bound["x"].shape == (1, 5)
