@@ -26,7 +26,7 @@ from onnxscript.optimizer import fold_constants
 
 from .deadcode import remove_unused
 from .dedupe import merge_equal_initializers
-from .shapereads import read_dims_from_inputs, read_shape, shape_read
+from .shapereads import read_dims_from_inputs, shape_read
 from .shapes import infer_model_shapes
 from .symdims import name_anonymous_input_dims, name_lost_dims
 from .traffic import can_fold  # the traffic model's notion of a node folding removes
@@ -228,7 +228,10 @@ def _static_shape_read(node: ir.Node) -> np.ndarray | None:
     if read is None or read[0].is_graph_output() \
             or not all(isinstance(d, int) and d >= 0 for d in read[1]):
         return None
-    return np.asarray(read[1], dtype=np.int64).reshape(read_shape(node))
+    picked = np.asarray(read[1], dtype=np.int64)
+    if node.op_type == "Gather":  # the indices' shape (a scalar index reads a scalar)
+        return picked.reshape(tuple(node.inputs[1].const_value.shape))  # type: ignore[union-attr]
+    return picked
 
 
 def _fold_static_shape_reads(graph: ir.Graph) -> bool:

@@ -15,8 +15,9 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
+from .expr import NoMatch
 from .names import FreshNames
-from .shapeexpr import is_minted
+from .shapeexpr import _ints, is_minted
 
 _ONNX_DOMAINS = ("", "ai.onnx")
 
@@ -102,42 +103,19 @@ def shape_read(node: ir.Node) -> tuple[ir.Value, list[ir.SymbolicDim | int]] | N
     return read[0], [read[1][int(i)] for i in index.reshape(-1)]
 
 
-def read_shape(node: ir.Node) -> tuple[int, ...]:
-    """The shape of what a ``shape_read`` node computes: a Gather's indices', else 1-D."""
-    if node.op_type == "Gather":
-        return tuple(node.inputs[1].const_value.shape)  # type: ignore[union-attr]
-    read = shape_read(node)
-    return (0 if read is None else len(read[1]),)
-
-
 def _slice_bounds(node: ir.Node) -> tuple[int, int] | None:
     """(start, end) of a 1-D Slice with constant bounds, axis 0 and step 1 (inputs from
     opset 10, attributes before); Python's slicing clamps them as Slice does."""
-    if len(node.inputs) == 1:
-        starts, ends = node.attributes.get_ints("starts"), node.attributes.get_ints("ends")
-        axes, steps = node.attributes.get_ints("axes"), None
-    else:
-        given = [_constant_ints(v) for v in (*node.inputs[1:], None, None)[:4]]
-        if any(g is False for g in given):
-            return None
-        starts, ends, axes, steps = given  # type: ignore[assignment]
+    try:
+        starts, ends = _ints(node, "starts", 1), _ints(node, "ends", 2)
+        axes, steps = _ints(node, "axes", 3), _ints(node, "steps", 4)
+    except NoMatch:  # a bound computed at run time
+        return None
     if starts is None or ends is None or len(starts) != 1 or len(ends) != 1:
         return None
-    if (axes is not None and list(axes) not in ([0], [-1])) \
-            or (steps is not None and list(steps) != [1]):
+    if axes not in (None, [0], [-1]) or steps not in (None, [1]):
         return None
-    return int(starts[0]), int(ends[0])
-
-
-def _constant_ints(value: ir.Value | None) -> list[int] | None | bool:
-    """The ints of a constant input; None when omitted; False when not a constant."""
-    if value is None:
-        return None
-    tensor = value.const_value
-    if tensor is None or value.is_graph_input():
-        return False
-    array = tensor.numpy()
-    return False if array.dtype.kind not in "iu" else [int(i) for i in array.reshape(-1)]
+    return starts[0], ends[0]
 
 
 def _gathered_read(node: ir.Node) -> list[ir.SymbolicDim | int] | None:

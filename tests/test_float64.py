@@ -176,3 +176,15 @@ g (float[1, 1, 2, 2] x) => (float[1, 1, 4, 4] y)
 """, '<ir_version: 6, opset_import: ["" : 10]>')
     wide = float64.widened(m)
     assert wide is not None and wide.graph.node(1).inputs[1].type.dtype == ir.DataType.FLOAT
+
+
+def test_a_model_given_as_a_path_runs_in_float64_and_the_file_is_untouched(tmp_path):
+    path = tmp_path / "cancelling.onnx"
+    ir.save(CANCELLING, path)
+    before = path.read_bytes()
+    x = np.linspace(-1, 1, 64 * 32, dtype=np.float32).reshape(64, 32)
+    out = float64.float64_outputs(path, {"x": x})
+    assert out is not None and out["y"].dtype == np.float64
+    np.testing.assert_allclose(out["y"], x.astype(np.float64), atol=1e-9)
+    assert path.read_bytes() == before
+    assert float64.float64_outputs(tmp_path / "missing.onnx", {"x": x}) is None

@@ -188,3 +188,21 @@ def test_a_block_with_anonymous_dims_fuses_and_is_saved_anonymous(tmp_path) -> N
     assert [d.WhichOneof("value") for d in saved.graph.input[0].type.tensor_type.shape.dim] \
         == [None, None, "dim_value"]
     assert b"anon__" not in saved.SerializeToString()
+
+
+@pytest.mark.parametrize(("text", "dims"), [
+    ('<ir_version: 4, opset_import: ["" : 9]>', "d = Slice<starts=[-1], ends=[1000]>(sh)"),
+    ('<ir_version: 8, opset_import: ["" : 17]>', "d = Slice(sh, m1, big, , one)"),
+    ('<ir_version: 8, opset_import: ["" : 17]>', "d = Slice(sh, m1, big, , two)"),
+])
+def test_slice_reads_in_the_attribute_form_and_with_steps_but_no_axes(text, dims) -> None:
+    model = from_proto(onnx.parser.parse_model(f"""{text}
+        g (float[B,S,4,16] x) => (int64[1] d)
+        <int64[1] m1 = {{-1}}, int64[1] big = {{1000}}, int64[1] one = {{1}},
+         int64[1] two = {{2}}>
+        {{ sh = Shape(x)  {dims} }}"""))
+    read = shapereads.shape_read(next(n for n in model.graph if n.op_type == "Slice"))
+    if "two" in dims:
+        assert read is None  # step 2: not a plain read
+    else:
+        assert read is not None and read[0].name == "x" and read[1] == [16]
