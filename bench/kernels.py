@@ -137,6 +137,24 @@ def _attention(s: dict[str, int]) -> tuple[str, str]:
     return unfused, fused
 
 
+def _rotary(s: dict[str, int]) -> tuple[str, str]:
+    """Rotate-half RoPE on [B,N,S,D] heads; both sides read the same half-width cos/sin
+    rows (the unfused graph concatenates each with itself, as the exporters' emb does)."""
+    seq, d = s["S"], s["H"] // s["N"]
+    sig = f"g (float[{_heads(s)}] x, float[1,1,{seq},{d // 2}] c, float[1,1,{seq},{d // 2}] sn)" \
+          f" => (float[{_heads(s)}] y)"
+    unfused = (
+        f"{sig} {{ half = Constant<value_ints=[{d // 2},{d // 2}]>() "
+        "cc = Concat<axis=-1>(c, c) ss = Concat<axis=-1>(sn, sn) "
+        "x1, x2 = Split<axis=-1>(x, half) n2 = Neg(x2) r = Concat<axis=-1>(n2, x1) "
+        "a = Mul(x, cc) m = Mul(r, ss) y = Add(a, m) }")
+    fused = (
+        f"{sig} {{ rows = Constant<value_ints=[{seq},{d // 2}]>() "
+        "zero = Constant<value_ints=[0]>() c2 = Reshape(c, rows) s2 = Reshape(sn, rows) "
+        "y = com.microsoft.RotaryEmbedding(x, zero, c2, s2) }")
+    return unfused, fused
+
+
 def _conv_sig(s: dict[str, int], extra: str = "") -> str:
     c, x = s["C"], s["X"]
     return (f"g (float[1,{c},{x},{x}] x, float[{c},{c},3,3] w, float[{c}] b{extra}) => "
@@ -183,6 +201,7 @@ CASES: tuple[Case, ...] = (
     Case("fusedmatmul-transb", "ort-fusedmatmul-transpose-b*", _matmul_transpose_b,
          TRANSFORMER_SIZES),
     Case("fusedmatmul-scale", "ort-fusedmatmul-scale*", _matmul_scale, TRANSFORMER_SIZES),
+    Case("rotary-embedding", "ort-rotary-embedding*", _rotary, TRANSFORMER_SIZES),
     Case("multihead-attention", "ort-multihead-attention*", _attention, TRANSFORMER_SIZES),
     Case("fusedconv-relu", "ort-fusedconv-activation", _conv_relu, CONV_SIZES),
     Case("fusedconv-add-relu", "ort-fusedconv-add-activation", _conv_add_relu, CONV_SIZES),

@@ -1202,8 +1202,37 @@ def _fn_is_finite_scores(scores: Any) -> bool:
     return is_finite_scores(scores)
 
 
+def _fn_repeats_halves(value: Any) -> bool:
+    """Whether a rotary cos/sin table's last axis is provably two equal halves (halves.py):
+    a fused RotaryEmbedding reads only the first."""
+    from .halves import repeats_halves
+
+    return is_value(value) and repeats_halves(value)
+
+
+def _fn_half_table(table: Any, rank: int) -> np.ndarray:
+    """The first half (last axis) of a constant rotary table broadcast as [B|1, 1, S, D],
+    [1, S, D] or [S, D]: as [B|1, S, D/2] (``rank`` 3, onnx's RotaryEmbedding) or as rows
+    [B*S, D/2] (``rank`` 2, onnxruntime's cache read by position)."""
+    array = np.asarray(to_array(table))
+    if array.ndim not in (2, 3, 4) or array.shape[-1] % 2:
+        raise NoMatch("half_table() needs a [.., S, D] table with an even D")
+    half = array[..., : array.shape[-1] // 2]
+    batch = half.shape[0] if half.ndim == 4 else 1
+    return half.reshape(batch, half.shape[-2], half.shape[-1]) if rank == 3 \
+        else half.reshape(-1, half.shape[-1])
+
+
+def _fn_positions(batch: Any, seq: Any) -> np.ndarray:
+    """int64 [batch, seq] row numbers 0 .. batch*seq-1: the position ids that read a rotary
+    table flattened to [batch*seq, D/2] row by row."""
+    if not _fn_is_static([batch, seq]) or batch * seq > MAX_SEQUENCE:
+        raise NoMatch("positions() needs small static dims")
+    return np.arange(batch * seq, dtype=np.int64).reshape(batch, seq)
+
+
 FAR_REACHING = frozenset({"transpose_ahead", "is_finite_mask", "is_finite_scores",
-                          "runtime_shape_target"})
+                          "runtime_shape_target", "repeats_halves"})
 """Functions that read the graph beyond a value's producer and its readers (several hops
 down or up). Every other function reads only what a match and its inputs' producers and
 readers hold, which lets the rewrite loop re-try a rule only near what changed
@@ -1284,6 +1313,9 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     "producer_op": _fn_producer_op,
     "is_finite_mask": _fn_is_finite_mask,
     "is_finite_scores": _fn_is_finite_scores,
+    "repeats_halves": _fn_repeats_halves,
+    "half_table": _fn_half_table,
+    "positions": _fn_positions,
     "prod": _fn_prod,
     "is_static": _fn_is_static,
 }

@@ -24,7 +24,7 @@ SHAPE_OF_FIRST_INPUT = frozenset({
     ("com.microsoft", "Gelu"), ("com.microsoft", "FastGelu"), ("com.microsoft", "BiasGelu"),
     ("com.microsoft", "QuickGelu"), ("com.microsoft", "SkipLayerNormalization"),
     ("com.microsoft", "SkipSimplifiedLayerNormalization"), ("", "LayerNormalization"),
-    ("", "SimplifiedLayerNormalization"),
+    ("", "SimplifiedLayerNormalization"), ("com.microsoft", "RotaryEmbedding"),
 })
 """Fused kernels the onnxruntime target emits whose first output is shaped like their first
 input. onnx has no schema for them (LayerNormalization none below opset 17), so without

@@ -1,0 +1,140 @@
+"""Is a tensor's last axis two equal halves? The cos/sin tables of a rotary embedding.
+
+Rotary embeddings written out in ops compute ``x * cos + rotate_half(x) * sin`` with tables
+``cos = Cos(Concat(freqs, freqs))``: the same angles twice along the last axis. A fused
+RotaryEmbedding takes only the first half, so a fusion is right only when the second half
+equals the first. This module proves that from the graph: the table is built by a Concat of
+one value with itself, or is a constant with equal halves, and everything between it and the
+multiplication acts on every element alone (Cos, Sin, Cast, a scale) or moves whole rows
+(Unsqueeze, Gather of positions, a Reshape keeping the last dim). Anything else is "not
+proven", never a guess.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from .expr import _const_tensor
+
+MAX_NODES = 32
+"""Producers visited per question: the tables are built by a handful of ops; a hostile graph
+cannot make the walk expensive."""
+
+_ELEMENTWISE_UNARY = frozenset({
+    "Cos", "Sin", "Cast", "Neg", "Identity", "Exp", "Sqrt", "Reciprocal", "Abs", "Relu",
+    "Tanh", "Sigmoid", "Erf", "Floor", "Ceil", "Round", "Sign",
+})
+_ELEMENTWISE_BINARY = frozenset({"Mul", "Div", "Add", "Sub", "Pow", "Max", "Min"})
+
+
+def repeats_halves(value: ir.Value) -> bool:
+    """Whether ``value``'s last axis has an even, static length and its second half always
+    equals its first, whatever the graph inputs are."""
+    rank = _rank(value)
+    if rank is None or rank == 0:
+        return False
+    last = _dim(value, -1)
+    if not isinstance(last, int) or last % 2:
+        return False
+    return _proven(value, [MAX_NODES])
+
+
+def _proven(value: ir.Value, budget: list[int]) -> bool:
+    budget[0] -= 1
+    if budget[0] < 0:
+        return False
+    tensor = _const_tensor(value)
+    if tensor is not None:
+        array = tensor.numpy()
+        if array.ndim == 0 or array.shape[-1] % 2:
+            return False
+        half = array.shape[-1] // 2
+        return bool(np.array_equal(array[..., :half], array[..., half:], equal_nan=True))
+    node = value.producer()
+    if node is None or node.domain not in ("", "ai.onnx"):
+        return False
+    op = node.op_type
+    if op == "Concat":
+        return _concat_of_twins(node)
+    if op in _ELEMENTWISE_UNARY:
+        return _same_last_dim(node.inputs[0], value) and _proven(node.inputs[0], budget)
+    if op in _ELEMENTWISE_BINARY:
+        return all(_operand_proven(operand, value, budget) for operand in node.inputs)
+    if _keeps_last_axis(node, value):
+        return _proven(node.inputs[0], budget)
+    return False
+
+
+def _operand_proven(operand: ir.Value | None, result: ir.Value, budget: list[int]) -> bool:
+    """An operand of an elementwise op keeps the halves equal when it has them itself or is
+    the same along the result's last axis (a scalar scale, a last dim of 1)."""
+    if operand is None:
+        return False
+    rank = _rank(operand)
+    if rank is None:
+        return False
+    if rank == 0 or _dim(operand, -1) == 1:
+        return True
+    return _same_last_dim(operand, result) and _proven(operand, budget)
+
+
+def _concat_of_twins(node: ir.Node) -> bool:
+    """``Concat(a, a)`` along the last axis."""
+    if len(node.inputs) != 2 or node.inputs[0] is None or node.inputs[0] is not node.inputs[1]:
+        return False
+    rank = _rank(node.inputs[0])
+    axis = node.attributes.get_int("axis", 0)
+    return rank is not None and axis in (-1, rank - 1)
+
+
+def _keeps_last_axis(node: ir.Node, value: ir.Value) -> bool:
+    """Ops that move or repeat whole rows: the output's last axis is the data input's last
+    axis, element for element."""
+    data = node.inputs[0] if node.inputs else None
+    if data is None or not _same_last_dim(data, value):
+        return False
+    in_rank, out_rank = _rank(data), _rank(value)
+    if in_rank is None or out_rank is None:
+        return False
+    op = node.op_type
+    if op in ("Unsqueeze", "Squeeze", "Reshape", "Expand", "Flatten"):
+        # With the last dim equal on both sides, row-major order keeps each row whole.
+        return op != "Flatten" or node.attributes.get_int("axis", 1) < in_rank
+    if op == "Transpose":
+        perm = node.attributes.get_ints("perm", None)
+        return perm is not None and list(perm)[-1] == in_rank - 1
+    if op == "Gather":
+        axis = node.attributes.get_int("axis", 0)
+        return axis not in (-1, in_rank - 1)
+    if op == "Slice":
+        axes = node.inputs[3] if len(node.inputs) > 3 else None
+        if axes is None:
+            return False  # slices from axis 0 on, maybe the last one
+        tensor = _const_tensor(axes)
+        return tensor is not None and all(
+            int(a) not in (-1, in_rank - 1) for a in tensor.numpy().reshape(-1))
+    return False
+
+
+def _same_last_dim(a: ir.Value | None, b: ir.Value) -> bool:
+    if a is None:
+        return False
+    dim = _dim(a, -1)
+    return isinstance(dim, int) and dim == _dim(b, -1)
+
+
+def _rank(value: ir.Value) -> int | None:
+    tensor = _const_tensor(value)
+    if tensor is not None:
+        return len(tensor.shape)
+    return None if value.shape is None else len(value.shape)
+
+
+def _dim(value: ir.Value, axis: int) -> int | str | None:
+    tensor = _const_tensor(value)
+    shape = tensor.shape if tensor is not None else value.shape
+    if shape is None or len(shape) == 0:
+        return None
+    dim = shape[axis]
+    return dim if isinstance(dim, int) else dim.value

@@ -1,0 +1,149 @@
+"""Rotary embeddings: the table proofs of halves.py (repeats_halves, half_table, positions)
+and a Llama-style attention block whose q/k rotations and attention fuse on both targets."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import onnx
+import onnx.parser
+import pytest
+from onnx import numpy_helper
+
+import fusectl
+from fusectl import expr
+from fusectl.halves import MAX_NODES, repeats_halves
+from fusectl.modelio import from_proto
+
+HEAD = '<ir_version: 8, opset_import: ["" : 17]>\n'
+
+
+def _values(text: str) -> dict:
+    model = from_proto(onnx.shape_inference.infer_shapes(onnx.parser.parse_model(HEAD + text)))
+    values = {v.name: v for n in model.graph for v in n.outputs}
+    values.update({v.name: v for v in model.graph.inputs})
+    values.update(model.graph.initializers)
+    return values
+
+
+TABLES = """g (int64[B,S] pos, float[2,6,8] t, float[B,S,4] f) => (float[B,1,S,8] c)
+    <float[1,4,1] inv, int64[1] one = {1}, float k = {0.5}, float[8] row>
+    {
+      pe = Unsqueeze(pos, one)  pf = Cast<to=1>(pe)  fr = MatMul(inv, pf)
+      ft = Transpose<perm=[0,2,1]>(fr)  emb = Concat<axis=-1>(ft, ft)
+      co = Cos(emb)  scaled = Mul(co, k)  h = Cast<to=10>(scaled)  c = Unsqueeze(co, one)
+      other = Concat<axis=-1>(ft, f)  wrong_axis = Concat<axis=0>(ft, ft)
+      moved = Transpose<perm=[0,2,1]>(emb)  by_row = Mul(emb, row)
+      gathered = Gather<axis=-1>(emb, one)  input_table = Cos(t)
+    }"""
+
+
+@pytest.mark.parametrize("name", ["emb", "co", "scaled", "h", "c"])
+def test_tables_built_from_concat_of_twins_are_proven(name: str) -> None:
+    assert repeats_halves(_values(TABLES)[name])
+
+
+@pytest.mark.parametrize("name", ["other", "moved", "by_row", "input_table", "t", "f"])
+def test_tables_not_proven(name: str) -> None:
+    # different halves, the last axis moved, a per-column factor, graph inputs
+    assert not repeats_halves(_values(TABLES)[name])
+
+
+def test_concat_along_another_axis_is_not_a_twin() -> None:
+    values = _values(TABLES)
+    assert values["wrong_axis"].shape[-1] == 4 and not repeats_halves(values["wrong_axis"])
+
+
+def test_constant_tables_are_checked_by_value() -> None:
+    values = _values("""g (float[2] x) => (float[2] y) <float[3,4] same = {1, 2, 1, 2, 3, 4, 3, 4,
+        5, 6, 5, 6}, float[3,4] differ = {1, 2, 1, 2, 3, 4, 3, 5, 5, 6, 5, 6},
+        float[3,3] odd = {1, 2, 1, 3, 4, 3, 5, 6, 5}, int64[3] idx = {0, 2, 2}>
+        { y = Identity(x)  g = Gather(same, idx)  gl = Gather<axis=1>(same, idx) }""")
+    assert repeats_halves(values["same"]) and repeats_halves(values["g"])
+    assert not repeats_halves(values["differ"])
+    assert not repeats_halves(values["odd"])
+    assert not repeats_halves(values["gl"])  # gathered along the last axis: columns move
+
+
+def test_long_chains_give_up() -> None:
+    chain = "  ".join(f"a{i + 1} = Cos(a{i})" for i in range(MAX_NODES + 2))
+    values = _values(f"""g (float[2,4] f) => (float[2,8] a{MAX_NODES + 2})
+        {{ a0 = Concat<axis=-1>(f, f)  {chain} }}""")
+    assert repeats_halves(values["a3"])
+    assert not repeats_halves(values[f"a{MAX_NODES + 2}"])
+
+
+def test_half_table_and_positions() -> None:
+    table = np.concatenate([np.arange(12.0).reshape(2, 1, 3, 2)] * 2, axis=-1)
+    assert expr.FUNCTIONS["half_table"](table, 3).shape == (2, 3, 2)
+    rows = expr.FUNCTIONS["half_table"](table, 2)
+    np.testing.assert_array_equal(rows, np.arange(12.0).reshape(6, 2))
+    np.testing.assert_array_equal(expr.FUNCTIONS["half_table"](table[0, 0], 3),
+                                  np.arange(6.0).reshape(1, 3, 2))
+    np.testing.assert_array_equal(expr.FUNCTIONS["positions"](2, 3), [[0, 1, 2], [3, 4, 5]])
+    with pytest.raises(expr.NoMatch):
+        expr.FUNCTIONS["positions"]("B", 3)
+    with pytest.raises(expr.NoMatch):
+        expr.FUNCTIONS["half_table"](np.zeros((2, 3)), 3)
+
+
+def _llama_block(batch: int | str, seq: int | str, pos_batch: int | str) -> onnx.ModelProto:
+    """One Llama attention: q/k/v projections, heads split, q and k rotated with tables built
+    from position ids (rotate_half written with two Slices), scaled softmax attention."""
+    text = f"""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[{batch},{seq},32] h, int64[{pos_batch},{seq}] pos) => (float[{batch},{seq},32] out)
+    <float[32,32] wq, float[32,32] wk, float[32,32] wv, float[32,32] wo, float[1,4,1] inv,
+     int64[4] heads = {{0, 0, 4, 8}}, int64[3] merged = {{0, 0, 32}}, int64[1] one = {{1}},
+     int64[1] s0 = {{0}}, int64[1] s4 = {{4}}, int64[1] send = {{9223372036854775807}},
+     int64[1] last = {{-1}}, float scale = {{0.35355339}}>
+    {{
+      pe = Unsqueeze(pos, one)  pf = Cast<to=1>(pe)  fr = MatMul(inv, pf)
+      ft = Transpose<perm=[0,2,1]>(fr)  emb = Concat<axis=-1>(ft, ft)
+      co = Cos(emb)  si = Sin(emb)  c = Unsqueeze(co, one)  s = Unsqueeze(si, one)
+      q = MatMul(h, wq)  k = MatMul(h, wk)  v = MatMul(h, wv)
+      q4 = Reshape(q, heads)  qt = Transpose<perm=[0,2,1,3]>(q4)
+      k4 = Reshape(k, heads)  kt = Transpose<perm=[0,2,1,3]>(k4)
+      v4 = Reshape(v, heads)  vt = Transpose<perm=[0,2,1,3]>(v4)
+      q1 = Slice(qt, s0, s4, last)  q2 = Slice(qt, s4, send, last)  qn = Neg(q2)
+      qr = Concat<axis=-1>(qn, q1)  qa = Mul(qt, c)  qb = Mul(qr, s)  qe = Add(qa, qb)
+      k1 = Slice(kt, s0, s4, last)  k2 = Slice(kt, s4, send, last)  kn = Neg(k2)
+      kr = Concat<axis=-1>(kn, k1)  ka = Mul(kt, c)  kb = Mul(kr, s)  ke = Add(ka, kb)
+      kT = Transpose<perm=[0,1,3,2]>(ke)
+      sc = MatMul(qe, kT)  ss = Mul(sc, scale)  p = Softmax<axis=-1>(ss)  o = MatMul(p, vt)
+      ot = Transpose<perm=[0,2,1,3]>(o)  om = Reshape(ot, merged)  out = MatMul(om, wo)
+    }}"""
+    model = onnx.parser.parse_model(text)
+    rng = np.random.default_rng(0)
+    for name in ("wq", "wk", "wv", "wo"):
+        weight = rng.normal(0, 0.3, (32, 32)).astype(np.float32)
+        model.graph.initializer.append(numpy_helper.from_array(weight, name))
+    inv = (1.0 / 10000 ** (np.arange(0, 8, 2) / 8)).astype(np.float32).reshape(1, 4, 1)
+    model.graph.initializer.append(numpy_helper.from_array(inv, "inv"))
+    return model
+
+
+@pytest.mark.parametrize(("batch", "seq", "pos_batch"),
+                         [("B", "S", "B"), (2, 6, 2), (2, 6, 1), ("B", "S", 1)])
+def test_llama_attention_fuses_on_onnxruntime(batch, seq, pos_batch) -> None:
+    result = fusectl.optimize(from_proto(_llama_block(batch, seq, pos_batch)),
+                              target="onnxruntime")
+    ops = Counter(n.op_type for n in result.model.graph)
+    assert result.validation.passed
+    assert ops["RotaryEmbedding"] == 2 and ops["MultiHeadAttention"] == 1
+    assert ops["Neg"] == 0 and ops["Softmax"] == 0
+
+
+@pytest.mark.parametrize(("batch", "seq", "pos_batch"), [("B", "S", "B"), (2, 6, 1)])
+def test_llama_attention_fuses_on_onnx_opset_23(batch, seq, pos_batch) -> None:
+    result = fusectl.optimize(from_proto(_llama_block(batch, seq, pos_batch)), opset=23)
+    ops = Counter(n.op_type for n in result.model.graph)
+    assert result.validation.passed
+    assert ops["RotaryEmbedding"] == 2 and ops["Attention"] == 1 and ops["Neg"] == 0
+
+
+def test_llama_rotation_is_left_alone_below_opset_23_on_onnx() -> None:
+    result = fusectl.optimize(from_proto(_llama_block(2, 6, 2)))
+    ops = Counter(n.op_type for n in result.model.graph)
+    assert result.validation.passed and ops["RotaryEmbedding"] == 0 and ops["Neg"] == 2
