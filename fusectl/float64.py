@@ -1,4 +1,5 @@
-"""The reference run in float64: how far the reference's own float32 result is from exact.
+"""The reference run in float64: how far the reference's own float32 (or float16) result is
+from exact.
 
 A fusion reorders float32 arithmetic, so its result differs from the reference's by rounding.
 On a deep model (random weights, LayerNorm of small variances) that rounding can exceed the
@@ -6,12 +7,16 @@ fp32 tolerance of SPEC §5: the one-layer Whisper encoder of onnxscript's test m
 6e-4 away from its float64 value at the reference, against a tolerance near 1e-4, and an
 equally accurate candidate then "fails". Validation asks this module for the float64 outputs
 only when float32 outputs disagree, and does not hold against the candidate what stays within
-the reference's own float32 error (``validate.py`` decides how).
+the reference's own rounding error (``validate.py`` decides how).
 
-The reference is widened (every float32 tensor, type, cast, constant and float output type
-becomes float64) and run by onnx's reference evaluator, which computes the standard ops in
-numpy at the dtype it is given (onnxruntime's CPU provider has no float64 Conv). Models with
-ops of other domains or quantized ops give no float64 run: then the float32 verdict stands.
+The same holds in float16, where a fused kernel that computes in float32 inside (onnxruntime's
+RotaryEmbedding) is *more* accurate than the float16 chain it replaces.
+
+The reference is widened (every float32 and float16 tensor, type, cast, constant and float
+output type becomes float64) and run by onnx's reference evaluator, which computes the
+standard ops in numpy at the dtype it is given (onnxruntime's CPU provider has no float64
+Conv). Models with ops of other domains or quantized ops give no float64 run: then the
+float32 (or float16) verdict stands.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ import numpy as np
 import onnx_ir as ir
 
 FLOAT, DOUBLE = ir.DataType.FLOAT, ir.DataType.DOUBLE
+WIDENED = frozenset({FLOAT, ir.DataType.FLOAT16})
+"""The element types computed in float64 instead."""
 
 # Inputs whose type the standard fixes to float32 (index per op): they stay float32.
 # Resize-10 takes its scales second, later versions third (after roi).
@@ -51,7 +58,7 @@ _DTYPE_ATTRIBUTES: dict[str, tuple[str, bool]] = {
 def float64_outputs(
     model: ir.Model | str | Path, feeds: Mapping[str, np.ndarray]
 ) -> dict[str, np.ndarray] | None:
-    """The model's outputs computed in float64 on ``feeds`` (float32 feeds widened), or None
+    """The model's outputs computed in float64 on ``feeds`` (float feeds widened), or None
     when the model cannot be run that way (other domains, quantized ops, an evaluator error).
     """
     try:
@@ -75,7 +82,7 @@ def float64_outputs(
 
 def widened(model: ir.Model, *, copy: bool = True) -> ir.Model | None:
     """``model`` (a copy of it unless ``copy=False``) computing in float64 where it computed
-    in float32; None if some node is outside the standard domain or quantized."""
+    in float32 or float16; None if some node is outside the standard domain or quantized."""
     if model.functions:
         return None  # a function body's types would need the same care; rare in references
     for graph in model.graphs():
@@ -96,14 +103,14 @@ def widened(model: ir.Model, *, copy: bool = True) -> ir.Model | None:
 
 
 def _widen_array(array: np.ndarray) -> np.ndarray:
-    return array.astype(np.float64) if array.dtype == np.float32 else array
+    return array.astype(np.float64) if array.dtype in (np.float32, np.float16) else array
 
 
 def _widen_value(value: ir.Value) -> None:
-    if value.type is not None and value.type.dtype == FLOAT:
+    if value.type is not None and value.type.dtype in WIDENED:
         value.type = ir.TensorType(DOUBLE)
     tensor = value.const_value
-    if tensor is not None and tensor.dtype == FLOAT:
+    if tensor is not None and tensor.dtype in WIDENED:
         value.const_value = ir.tensor(tensor.numpy().astype(np.float64), name=tensor.name)
     elif isinstance(tensor, ir.ExternalTensor):  # the evaluator gets one self-contained proto
         value.const_value = ir.tensor(tensor.numpy(), name=tensor.name)
@@ -114,12 +121,13 @@ def _widen_node(node: ir.Node) -> None:
         name, float_default = _DTYPE_ATTRIBUTES[node.op_type]
         attr = node.attributes.get(name)
         if (attr is None and float_default) or (
-                attr is not None and attr.type == ir.AttributeType.INT and attr.value == FLOAT):
+                attr is not None and attr.type == ir.AttributeType.INT
+                and attr.value in WIDENED):
             node.attributes[name] = ir.AttrInt64(name, int(DOUBLE))
     if node.op_type == "ConstantOfShape" and "value" not in node.attributes:
         node.attributes["value"] = ir.AttrTensor("value", ir.tensor(np.zeros(1, np.float64)))
     for name, attr in list(node.attributes.items()):
-        if attr.type == ir.AttributeType.TENSOR and attr.value.dtype == FLOAT:
+        if attr.type == ir.AttributeType.TENSOR and attr.value.dtype in WIDENED:
             node.attributes[name] = ir.AttrTensor(
                 name, ir.tensor(attr.value.numpy().astype(np.float64)))
     if node.op_type == "Constant":

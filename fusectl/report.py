@@ -207,7 +207,7 @@ def _print_comparisons(validation: ValidationResult, console: Console, verbose: 
     for out in validation.outputs:
         if not out.passed and out.reason:
             console.print(Text(f"  {out.name}: {out.reason}", style="red"))
-        elif out.float64_floor is not None:  # passed on the reference's own float32 error
+        elif out.float64_floor is not None:  # passed on the reference's own rounding error
             console.print(Text(f"  {out.name}: {out.reason}", style="yellow"))
     if verbose:
         for out in validation.outputs:

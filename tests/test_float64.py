@@ -4,6 +4,8 @@ and a wrong one still is."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import onnx
 import onnx_ir as ir
@@ -57,7 +59,7 @@ def test_an_exact_candidate_passes_within_the_references_float32_error():
     out = only(result)
     assert result.passed and out.passed
     assert out.float64_floor is not None and 3e-4 < out.float64_floor < 1e-3
-    assert "within the reference's own float32 error" in out.reason
+    assert "within the reference's own rounding error" in out.reason
     assert out.pct_out_of_tol > 0  # the float32 statistics are still reported
     assert v.comparison_to_dict(out)["float64_floor"] == pytest.approx(out.float64_floor)
 
@@ -66,7 +68,7 @@ def test_a_wrong_candidate_still_fails_and_says_so():
     result = v.validate(CANCELLING, shifted(0.01))
     out = only(result)
     assert not result.passed
-    assert "beyond the reference's own float32 error too" in out.reason
+    assert "beyond the reference's own rounding error too" in out.reason
     assert out.float64_floor is not None
 
 
@@ -188,3 +190,59 @@ def test_a_model_given_as_a_path_runs_in_float64_and_the_file_is_untouched(tmp_p
     np.testing.assert_allclose(out["y"], x.astype(np.float64), atol=1e-9)
     assert path.read_bytes() == before
     assert float64.float64_outputs(tmp_path / "missing.onnx", {"x": x}) is None
+
+
+# The float16 version of CANCELLING: (x + 1000) - 1000 in float16 rounds x to 2^-1 steps
+# near 1000, far beyond float16's tolerance; exactly x in float64.
+CANCELLING_FP16 = model("""
+g (float16[64, 32] x) => (float16[64, 32] y) <float16 big = {BIG}>
+{ a = Add(x, big)  y = Sub(a, big) }
+""".replace("BIG", str(np.float16(1000.0).view(np.uint16))))  # the parser takes fp16 bits
+
+
+def test_float16_models_are_widened_too():
+    wide = float64.widened(CANCELLING_FP16)
+    assert wide is not None
+    assert wide.graph.inputs[0].type.dtype == ir.DataType.DOUBLE
+    assert wide.graph.initializers["big"].const_value.dtype == ir.DataType.DOUBLE
+    feeds = {"x": np.linspace(-1, 1, 64 * 32).reshape(64, 32).astype(np.float16)}
+    out = float64.float64_outputs(CANCELLING_FP16, feeds)
+    np.testing.assert_allclose(out["y"], feeds["x"].astype(np.float64), atol=1e-12)
+
+
+# A model computing in float16 (judged with float16 tolerances): x + 100 rounded to float16's
+# step there (2^-4), up to 0.031 off, about five float16 tolerances. Exactly x in float64.
+ROUNDED_IN_FP16 = model("""
+g (float[64, 32] x) => (float[64, 32] y) <float big = {100.0}>
+{ a = Add(x, big)  h = Cast<to=10>(a)  f = Cast<to=1>(h)  y = Sub(f, big) }
+""")
+
+
+def test_a_half_precision_reference_is_judged_against_float64_too():
+    options = v.ValidationOptions(fp16_range_sample=False)
+    exact = v.validate(ROUNDED_IN_FP16, shifted(0.0), options)
+    out = only(exact)
+    assert exact.compute_dtype == "float16" and out.pct_out_of_tol > 0
+    assert exact.passed and out.float64_floor is not None
+    wrong = v.validate(ROUNDED_IN_FP16, shifted(0.05), options)
+    assert not wrong.passed
+    assert "beyond the reference's own rounding error too" in only(wrong).reason
+
+
+def test_an_ill_conditioned_range_sample_asks_only_for_no_larger_error():
+    """At the edge of float16's range the reference itself can be far from exact; there the
+    candidate passes when it is no further from exact than the reference, else fails."""
+    judge = v._Judge.of(np.dtype(np.float16), None, None, None)
+    truth = np.linspace(-1, 1, 1000)
+    ref = (truth + np.where(np.arange(1000) % 7 == 0, 0.5, 0.0)).astype(np.float16)
+    closer = (truth + np.where(np.arange(1000) % 7 == 3, 0.4, 0.0)).astype(np.float16)
+    further = (truth + np.where(np.arange(1000) % 7 == 3, 0.9, 0.0)).astype(np.float16)
+    for cand, passes in ((closer, True), (further, False)):
+        (plain,) = v.compare_outputs({"y": ref}, {"y": cand})
+        assert not plain.passed
+        ordinary = v._rejudge(plain, ref, cand, truth, judge)
+        assert not ordinary.passed and "more than rounding" in ordinary.reason
+        ranged = v._rejudge(replace(plain, range_sample=True), ref, cand, truth, judge)
+        assert ranged.passed is passes
+        if not passes:
+            assert "candidate is further from exact" in ranged.reason
