@@ -147,3 +147,34 @@ def test_llama_rotation_is_left_alone_below_opset_23_on_onnx() -> None:
     result = fusectl.optimize(from_proto(_llama_block(2, 6, 2)))
     ops = Counter(n.op_type for n in result.model.graph)
     assert result.validation.passed and ops["RotaryEmbedding"] == 0 and ops["Neg"] == 2
+
+
+def _partial_rotary(batch: int | str) -> onnx.ModelProto:
+    """Phi-2's partial rotary: the first 8 of 16 head dims rotate, the rest pass through,
+    every split written as Slices."""
+    return onnx.parser.parse_model(f"""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[{batch},4,6,16] x, int64[{batch},6] pos) => (float[{batch},4,6,16] z)
+    <float[1,4,1] inv = {{1.0, 0.1, 0.01, 0.001}}, int64[1] one = {{1}}, int64[1] s0 = {{0}},
+     int64[1] s4 = {{4}}, int64[1] s8 = {{8}}, int64[1] send = {{9223372036854775807}},
+     int64[1] last = {{-1}}>
+    {{
+      pe = Unsqueeze(pos, one)  pf = Cast<to=1>(pe)  fr = MatMul(inv, pf)
+      ft = Transpose<perm=[0,2,1]>(fr)  emb = Concat<axis=-1>(ft, ft)
+      co = Cos(emb)  si = Sin(emb)  c = Unsqueeze(co, one)  s = Unsqueeze(si, one)
+      xr = Slice(x, s0, s8, last)  xp = Slice(x, s8, send, last)
+      x1 = Slice(xr, s0, s4, last)  x2 = Slice(xr, s4, send, last)  n = Neg(x2)
+      r = Concat<axis=-1>(n, x1)  a = Mul(xr, c)  b = Mul(r, s)  y = Add(a, b)
+      z = Concat<axis=-1>(y, xp)
+    }}""")
+
+
+@pytest.mark.parametrize("batch", ["B", 2])
+@pytest.mark.parametrize(("target", "opset"), [("onnxruntime", None), ("onnx", 23)])
+def test_partial_rotary_becomes_one_op(batch, target, opset) -> None:
+    result = fusectl.optimize(from_proto(_partial_rotary(batch)), target=target, opset=opset)
+    ops = Counter(n.op_type for n in result.model.graph)
+    assert result.validation.passed
+    assert ops["RotaryEmbedding"] == 1 and ops["Split"] == 0 and ops["Neg"] == 0
+    (rotary,) = [n for n in result.model.graph if n.op_type == "RotaryEmbedding"]
+    assert rotary.attributes["rotary_embedding_dim"].value == 8
