@@ -178,3 +178,48 @@ def test_partial_rotary_becomes_one_op(batch, target, opset) -> None:
     assert ops["RotaryEmbedding"] == 1 and ops["Split"] == 0 and ops["Neg"] == 0
     (rotary,) = [n for n in result.model.graph if n.op_type == "RotaryEmbedding"]
     assert rotary.attributes["rotary_embedding_dim"].value == 8
+
+
+def _grouped_query_block(batch: int | str) -> onnx.ModelProto:
+    """Llama 3 style: 4 query heads share 2 kv heads, repeated by torch's repeat_kv
+    (Unsqueeze, Expand, Reshape) after the keys are rotated."""
+    model = onnx.parser.parse_model(f"""
+    <ir_version: 8, opset_import: ["" : 18]>
+    g (float[{batch},6,32] h, int64[{batch},6] pos) => (float[{batch},6,32] out)
+    <float[32,32] wq, float[32,16] wk, float[32,16] wv, float[1,4,1] inv,
+     int64[4] heads = {{0, 0, -1, 8}}, int64[3] merged = {{0, 0, 32}}, int64[1] one = {{1}},
+     int64[1] two = {{2}}, int64[5] rep = {{1, 1, 2, 1, 1}}, int64[4] flat = {{0, 4, 6, 8}},
+     int64[2] halves = {{4, 4}}, float scale = {{0.35355339}}>
+    {{
+      pe = Unsqueeze(pos, one)  pf = Cast<to=1>(pe)  fr = MatMul(inv, pf)
+      ft = Transpose<perm=[0,2,1]>(fr)  emb = Concat<axis=-1>(ft, ft)
+      co = Cos(emb)  si = Sin(emb)  c = Unsqueeze(co, one)  s = Unsqueeze(si, one)
+      q = MatMul(h, wq)  k = MatMul(h, wk)  v = MatMul(h, wv)
+      q4 = Reshape(q, heads)  qt = Transpose<perm=[0,2,1,3]>(q4)
+      k4 = Reshape(k, heads)  kt = Transpose<perm=[0,2,1,3]>(k4)
+      v4 = Reshape(v, heads)  vt = Transpose<perm=[0,2,1,3]>(v4)
+      q1, q2 = Split<axis=-1>(qt, halves)  qn = Neg(q2)  qr = Concat<axis=-1>(qn, q1)
+      qa = Mul(qt, c)  qb = Mul(qr, s)  qe = Add(qa, qb)
+      k1, k2 = Split<axis=-1>(kt, halves)  kn = Neg(k2)  kr = Concat<axis=-1>(kn, k1)
+      ka = Mul(kt, c)  kb = Mul(kr, s)  ke = Add(ka, kb)
+      ku = Unsqueeze(ke, two)  kx5 = Expand(ku, rep)  kx = Reshape(kx5, flat)
+      vu = Unsqueeze(vt, two)  vx5 = Expand(vu, rep)  vx = Reshape(vx5, flat)
+      kT = Transpose<perm=[0,1,3,2]>(kx)  qk = MatMul(qe, kT)  sc = Mul(qk, scale)
+      p = Softmax<axis=-1>(sc)  o = MatMul(p, vx)
+      ot = Transpose<perm=[0,2,1,3]>(o)  out = Reshape(ot, merged)
+    }}""")
+    rng = np.random.default_rng(1)
+    for name, dims in (("wq", (32, 32)), ("wk", (32, 16)), ("wv", (32, 16))):
+        weight = rng.normal(0, 0.3, dims).astype(np.float32)
+        model.graph.initializer.append(numpy_helper.from_array(weight, name))
+    inv = (1.0 / 10000 ** (np.arange(0, 8, 2) / 8)).astype(np.float32).reshape(1, 4, 1)
+    model.graph.initializer.append(numpy_helper.from_array(inv, "inv"))
+    return model
+
+
+def test_grouped_query_attention_reads_the_kv_heads_on_opset_23() -> None:
+    result = fusectl.optimize(from_proto(_grouped_query_block(2)), opset=23)
+    ops = Counter(n.op_type for n in result.model.graph)
+    assert result.validation.passed
+    assert ops["Attention"] == 1 and ops["RotaryEmbedding"] == 2
+    assert ops["Expand"] == 0 and ops["Softmax"] == 0
