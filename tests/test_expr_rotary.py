@@ -88,6 +88,29 @@ def test_half_table_and_positions() -> None:
         expr.FUNCTIONS["half_table"](np.zeros((2, 3)), 3)
 
 
+HEADS = """
+      pe = Unsqueeze(pos, one)  pf = Cast<to=1>(pe)  fr = MatMul(inv, pf)
+      ft = Transpose<perm=[0,2,1]>(fr)  emb = Concat<axis=-1>(ft, ft)
+      co = Cos(emb)  si = Sin(emb)  c = Unsqueeze(co, one)  s = Unsqueeze(si, one)
+      q = MatMul(h, wq)  k = MatMul(h, wk)  v = MatMul(h, wv)
+      q4 = Reshape(q, heads)  qt = Transpose<perm=[0,2,1,3]>(q4)
+      k4 = Reshape(k, heads)  kt = Transpose<perm=[0,2,1,3]>(k4)
+      v4 = Reshape(v, heads)  vt = Transpose<perm=[0,2,1,3]>(v4)"""
+"""Llama's tables from position ids (inv_freq @ positions, Concat(f, f), Cos/Sin, Unsqueeze)
+and heads split from the h projections: the start of both attention blocks below."""
+
+
+def _with_weights(model: onnx.ModelProto, shapes: dict[str, tuple[int, int]]
+                  ) -> onnx.ModelProto:
+    rng = np.random.default_rng(0)
+    for name, dims in shapes.items():
+        weight = rng.normal(0, 0.3, dims).astype(np.float32)
+        model.graph.initializer.append(numpy_helper.from_array(weight, name))
+    inv = (1.0 / 10000 ** (np.arange(0, 8, 2) / 8)).astype(np.float32).reshape(1, 4, 1)
+    model.graph.initializer.append(numpy_helper.from_array(inv, "inv"))
+    return model
+
+
 def _llama_block(batch: int | str, seq: int | str, pos_batch: int | str) -> onnx.ModelProto:
     """One Llama attention: q/k/v projections, heads split, q and k rotated with tables built
     from position ids (rotate_half written with two Slices), scaled softmax attention."""
@@ -99,13 +122,7 @@ def _llama_block(batch: int | str, seq: int | str, pos_batch: int | str) -> onnx
      int64[1] s0 = {{0}}, int64[1] s4 = {{4}}, int64[1] send = {{9223372036854775807}},
      int64[1] last = {{-1}}, float scale = {{0.35355339}}>
     {{
-      pe = Unsqueeze(pos, one)  pf = Cast<to=1>(pe)  fr = MatMul(inv, pf)
-      ft = Transpose<perm=[0,2,1]>(fr)  emb = Concat<axis=-1>(ft, ft)
-      co = Cos(emb)  si = Sin(emb)  c = Unsqueeze(co, one)  s = Unsqueeze(si, one)
-      q = MatMul(h, wq)  k = MatMul(h, wk)  v = MatMul(h, wv)
-      q4 = Reshape(q, heads)  qt = Transpose<perm=[0,2,1,3]>(q4)
-      k4 = Reshape(k, heads)  kt = Transpose<perm=[0,2,1,3]>(k4)
-      v4 = Reshape(v, heads)  vt = Transpose<perm=[0,2,1,3]>(v4)
+      {HEADS}
       q1 = Slice(qt, s0, s4, last)  q2 = Slice(qt, s4, send, last)  qn = Neg(q2)
       qr = Concat<axis=-1>(qn, q1)  qa = Mul(qt, c)  qb = Mul(qr, s)  qe = Add(qa, qb)
       k1 = Slice(kt, s0, s4, last)  k2 = Slice(kt, s4, send, last)  kn = Neg(k2)
@@ -114,14 +131,9 @@ def _llama_block(batch: int | str, seq: int | str, pos_batch: int | str) -> onnx
       sc = MatMul(qe, kT)  ss = Mul(sc, scale)  p = Softmax<axis=-1>(ss)  o = MatMul(p, vt)
       ot = Transpose<perm=[0,2,1,3]>(o)  om = Reshape(ot, merged)  out = MatMul(om, wo)
     }}"""
-    model = onnx.parser.parse_model(text)
-    rng = np.random.default_rng(0)
-    for name in ("wq", "wk", "wv", "wo"):
-        weight = rng.normal(0, 0.3, (32, 32)).astype(np.float32)
-        model.graph.initializer.append(numpy_helper.from_array(weight, name))
-    inv = (1.0 / 10000 ** (np.arange(0, 8, 2) / 8)).astype(np.float32).reshape(1, 4, 1)
-    model.graph.initializer.append(numpy_helper.from_array(inv, "inv"))
-    return model
+    square = (32, 32)
+    return _with_weights(onnx.parser.parse_model(text),
+                         {"wq": square, "wk": square, "wv": square, "wo": square})
 
 
 @pytest.mark.parametrize(("batch", "seq", "pos_batch"),
@@ -191,13 +203,7 @@ def _grouped_query_block(batch: int | str) -> onnx.ModelProto:
      int64[1] two = {{2}}, int64[5] rep = {{1, 1, 2, 1, 1}}, int64[4] flat = {{0, 4, 6, 8}},
      int64[2] halves = {{4, 4}}, float scale = {{0.35355339}}>
     {{
-      pe = Unsqueeze(pos, one)  pf = Cast<to=1>(pe)  fr = MatMul(inv, pf)
-      ft = Transpose<perm=[0,2,1]>(fr)  emb = Concat<axis=-1>(ft, ft)
-      co = Cos(emb)  si = Sin(emb)  c = Unsqueeze(co, one)  s = Unsqueeze(si, one)
-      q = MatMul(h, wq)  k = MatMul(h, wk)  v = MatMul(h, wv)
-      q4 = Reshape(q, heads)  qt = Transpose<perm=[0,2,1,3]>(q4)
-      k4 = Reshape(k, heads)  kt = Transpose<perm=[0,2,1,3]>(k4)
-      v4 = Reshape(v, heads)  vt = Transpose<perm=[0,2,1,3]>(v4)
+      {HEADS}
       q1, q2 = Split<axis=-1>(qt, halves)  qn = Neg(q2)  qr = Concat<axis=-1>(qn, q1)
       qa = Mul(qt, c)  qb = Mul(qr, s)  qe = Add(qa, qb)
       k1, k2 = Split<axis=-1>(kt, halves)  kn = Neg(k2)  kr = Concat<axis=-1>(kn, k1)
@@ -208,13 +214,7 @@ def _grouped_query_block(batch: int | str) -> onnx.ModelProto:
       p = Softmax<axis=-1>(sc)  o = MatMul(p, vx)
       ot = Transpose<perm=[0,2,1,3]>(o)  out = Reshape(ot, merged)
     }}""")
-    rng = np.random.default_rng(1)
-    for name, dims in (("wq", (32, 32)), ("wk", (32, 16)), ("wv", (32, 16))):
-        weight = rng.normal(0, 0.3, dims).astype(np.float32)
-        model.graph.initializer.append(numpy_helper.from_array(weight, name))
-    inv = (1.0 / 10000 ** (np.arange(0, 8, 2) / 8)).astype(np.float32).reshape(1, 4, 1)
-    model.graph.initializer.append(numpy_helper.from_array(inv, "inv"))
-    return model
+    return _with_weights(model, {"wq": (32, 32), "wk": (32, 16), "wv": (32, 16)})
 
 
 def test_grouped_query_attention_reads_the_kv_heads_on_opset_23() -> None:
