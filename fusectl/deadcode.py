@@ -50,6 +50,9 @@ class _OutputFacts:
 _OPTIONAL = onnx.defs.OpSchema.FormalParameterOption.Optional
 _VARIADIC = onnx.defs.OpSchema.FormalParameterOption.Variadic
 _FACTS: dict[tuple[str, str, int], _OutputFacts | None] = {}
+_KEPT_OUTPUTS = frozenset({("", "Attention"), ("ai.onnx", "Attention")})
+"""Ops whose optional outputs stay even unread: onnxruntime refuses an Attention with past
+key and value that writes present_key but not present_value."""
 
 
 def _output_facts(domain: str, op_type: str, opset: int) -> _OutputFacts | None:
@@ -57,7 +60,7 @@ def _output_facts(domain: str, op_type: str, opset: int) -> _OutputFacts | None:
     if key in _FACTS:
         return _FACTS[key]
     facts = None
-    if domain in _STANDARD_DOMAINS:
+    if domain in _STANDARD_DOMAINS and (domain, op_type) not in _KEPT_OUTPUTS:
         try:
             schema = onnx.defs.get_schema(op_type, opset, domain=domain)
         except Exception:  # noqa: BLE001 - an op onnx does not know keeps its outputs

@@ -10,8 +10,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
 import onnx
+import onnx.parser
 import onnx_ir as ir
+import onnxruntime as ort
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -181,6 +184,23 @@ def test_unused_middle_optional_output_is_unnamed_not_dropped() -> None:
                    ["x"], ["last"], initializers=[w, r])
     model, _ = _both(proto)
     assert [v.name for v in model.graph[0].outputs] == ["", "last"]
+
+
+def test_attention_keeps_its_unread_present_outputs() -> None:
+    """Unlike onnx-ir's pass: onnxruntime refuses an Attention with past key and value that
+    writes present_key but not present_value, so Attention's outputs are never trimmed."""
+    proto = onnx.parser.parse_model("""
+        <ir_version: 10, opset_import: ["" : 23]>
+        g (float[1,2,3,4] q, float[1,2,3,4] k, float[1,2,3,4] v, float[1,2,2,4] pk,
+           float[1,2,2,4] pv) => (float[1,2,3,4] y, float[1,2,5,4] prk)
+        { y, prk, prv = Attention(q, k, v, , pk, pv) }""")
+    model = ir.serde.deserialize_model(proto)
+    remove_unused(model)
+    assert [v.name for v in model.graph[0].outputs] == ["y", "prk", "prv"]
+    session = ort.InferenceSession(ir.to_proto(model).SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    feeds = {i.name: np.ones(i.shape, np.float32) for i in session.get_inputs()}
+    assert session.run(None, feeds)[1].shape == (1, 2, 5, 4)
 
 
 def _branch(name: str, nodes: list[onnx.NodeProto], output: str) -> onnx.GraphProto:
