@@ -18,6 +18,10 @@ What is removed, exactly as onnx-ir 1.1 does (``tests/test_deadcode.py`` compare
 * unused *optional* outputs of kept standard nodes (renamed ``""``; trailing unnamed outputs
   dropped); a BatchNormalization whose ``training_mode`` is absent or 0 loses the attribute
   (from opset 14 on, where it exists), as onnx-ir drops it.
+
+One deliberate difference: Attention keeps its unread present outputs (onnxruntime refuses
+one with past inputs that writes present_key but not present_value; onnx-ir's pass makes
+that model).
 """
 
 from __future__ import annotations
