@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from .expr import _const_tensor
+from .expr import NoMatch, _const_tensor, _shape_of_known_rank
 
 MAX_NODES = 32
 """Producers visited per question: the tables are built by a handful of ops; a hostile graph
@@ -124,17 +124,19 @@ def _same_last_dim(a: ir.Value | None, b: ir.Value) -> bool:
     return isinstance(dim, int) and dim == _dim(b, -1)
 
 
+def _shape(value: ir.Value) -> tuple[int | str | None, ...] | None:
+    """Dims of a value (None for an unknown dim), or None when its rank is unknown."""
+    try:
+        return _shape_of_known_rank(value)
+    except NoMatch:
+        return None
+
+
 def _rank(value: ir.Value) -> int | None:
-    tensor = _const_tensor(value)
-    if tensor is not None:
-        return len(tensor.shape)
-    return None if value.shape is None else len(value.shape)
+    shape = _shape(value)
+    return None if shape is None else len(shape)
 
 
 def _dim(value: ir.Value, axis: int) -> int | str | None:
-    tensor = _const_tensor(value)
-    shape = tensor.shape if tensor is not None else value.shape
-    if shape is None or len(shape) == 0:
-        return None
-    dim = shape[axis]
-    return dim if isinstance(dim, int) else dim.value
+    shape = _shape(value)
+    return shape[axis] if shape else None

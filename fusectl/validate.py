@@ -271,7 +271,7 @@ class ReferenceRun:
     """Its generated floats are uniform in ``[-range_scale, range_scale)``."""
     compute_dtype: np.dtype | None = None
     source: ModelSource | None = None
-    """The reference model, for its float64 run (made only when float32 outputs differ)."""
+    """The reference model, for its float64 run (made only when float outputs differ)."""
     float64_made: dict[int, dict[str, np.ndarray] | None] = field(
         default_factory=dict, compare=False, repr=False)
     """float64 outputs per sample once made (None: the model cannot run in float64); filled
@@ -1088,7 +1088,7 @@ def _out_of_tolerance(
 # the float64 values, and at most this many times its mean error there (plus atol).
 _FLOAT64_FLOOR_LIMIT = 20.0
 _FLOAT64_WORSE_RATIO = 2.0
-_WIDENED_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
+_WIDENED_DTYPES = tuple(np.dtype(t.numpy()) for t in float64.WIDENED)
 
 
 def _against_float64(
