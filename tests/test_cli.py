@@ -173,9 +173,11 @@ def test_rules_commands(capsys):
 
 def test_opt_in_rule_listed_shown_and_run_only_when_named(capsys, tmp_path: Path):
     code, out, _ = run(capsys, "rules", "list")  # a narrow table: cells wrap
-    opt_in = [r for r in fusectl.load_rule_set(target="onnxruntime", opt_in=True)
-              if r.rule.opt_in]
-    assert code == 0 and out.count("(--opt-in") == len(opt_in) > 0 and "ort-skip-rmsn" in out
+    opt_in = {r.id for r in fusectl.load_rule_set(target="onnxruntime", opt_in=True)
+              if r.rule.opt_in}
+    assert opt_in == {"ort-skip-rmsnorm", "ort-skip-layernorm", "ort-skip-layernorm-decomposed",
+                      "ort-skip-layernorm-decomposed-scale", "ort-skip-layernorm-decomposed-plain"}
+    assert code == 0 and out.count("(--opt-in") == len(opt_in) and "ort-skip-rmsn" in out
     code, out, _ = run(capsys, "rules", "show", "ort-skip-rmsnorm")
     assert code == 0 and "opt-in" in out and "bench/kernels.py" in " ".join(out.split())
     model = onnx.parser.parse_model("""
