@@ -8,6 +8,7 @@ rule test failed); 2 bad usage or bad input (one clear line, no traceback);
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import os
 import sys
 from collections.abc import Iterator, Sequence
@@ -334,12 +335,14 @@ def report_command(model: Path, device: str, conv_algo: str, rule_paths: tuple[P
     profile = load_device(device)
     active = resolve_target(target)
     # compiled once: the selection is a subset of the rule set with the opt-in rules
-    every = api.load_rule_set(rule_paths, builtin=not no_builtin_rules, exclude=exclude,
-                              target=active, opt_in=True)
+    # (--skip-rule applies in select_rules, after --rule names a rule, as in optimize)
+    every = api.load_rule_set(rule_paths, builtin=not no_builtin_rules, target=active,
+                              opt_in=True)
     chosen = {r.id for r in api.select_rules([c.rule for c in every], include, exclude,
                                              also_opt_in=also_opt_in)}
     rules = [r for r in every if r.id in chosen]
-    with_opt_in = [] if include else every
+    with_opt_in = [] if include else [
+        r for r in every if not any(fnmatch.fnmatchcase(r.id, g) for g in exclude)]
     with _status(quiet) as say:
         say("measuring and dry-running the rules")
         result = report_model(model, rules=rules, with_opt_in=with_opt_in, target=active,

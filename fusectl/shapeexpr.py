@@ -229,9 +229,14 @@ class _Evaluator:
     def _shape(self, node: ir.Node) -> ShapeTensor:
         source = node.inputs[0]
         dims = _shape_of_known_rank(source)
+        # A graph output's dims may be only declared by the exporter, never checked by
+        # inference: they say nothing about its run-time shape (prepare does not fold them).
+        declared = source is not self.data and source.is_graph_output()
         entries: list[Entry] = []
         for axis, dim in enumerate(dims):
-            if isinstance(dim, int):
+            if declared:
+                entries.append(None)
+            elif isinstance(dim, int):
                 entries.append(dim)
             elif source is self.data:
                 entries.append(Dim(axis))

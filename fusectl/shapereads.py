@@ -119,15 +119,20 @@ def _slice_bounds(node: ir.Node) -> tuple[int, int] | None:
 
 
 def _gathered_read(node: ir.Node) -> list[ir.SymbolicDim | int] | None:
-    """The dims ``Gather(Shape(x), i)`` reads, when x is not a graph input itself."""
+    """The dims ``Gather(Shape(x), i)`` reads, when x is not a graph input itself (nor a
+    graph output, whose dims may be only declared)."""
     read = shape_read(node)
-    return None if read is None or read[0].is_graph_input() else read[1]
+    if read is None or read[0].is_graph_input() or read[0].is_graph_output():
+        return None
+    return read[1]
 
 
 def _whole_read(node: ir.Node) -> list[ir.SymbolicDim | int] | None:
-    """The dims ``Shape(x)`` reads, when x is not a graph input itself."""
+    """The dims ``Shape(x)`` reads, when x is not a graph input itself (nor a graph output,
+    whose dims may be only declared)."""
     read = _queried_dims(node)
-    if node.outputs[0].is_graph_output() or read is None or read[0].is_graph_input():
+    if node.outputs[0].is_graph_output() or read is None or read[0].is_graph_input() \
+            or read[0].is_graph_output():
         return None
     return read[1]
 

@@ -25,12 +25,14 @@ from collections.abc import Callable, Sequence
 
 import onnx_ir as ir
 
-from .expr import SLICE_TO_END, _const_tensor, symbolic_product, symbolic_quotient
+from .expr import SLICE_TO_END, NoMatch, symbolic_product, symbolic_quotient
 from .shapeexpr import (
     STAND_IN_PREFIX,
     Dim,
     Entry,
     Named,
+    _const_ints,
+    _ints,
     dim_name,
     is_minted,
     mentions_stand_in,
@@ -62,19 +64,7 @@ def name_lost_dims(model: ir.Model) -> bool:
         found = _computable_shapes(graph)
         if not found:
             break
-        # Only what depends on the new shapes is inferred afresh: elsewhere the symbols onnx
-        # minted stay, and with them what they tell (two values with one symbol are as long)
-        downstream = _downstream(graph, list(found))
-        saved = {value: value.shape for value in [*found, *downstream]}
-        for value in downstream:
-            shape = value.shape
-            if shape is not None and any(_minted(d) for d in shape):
-                value.shape = ir.Shape([None if _minted(d) else d for d in shape])
-        for value, dims in found.items():
-            value.shape = ir.Shape(dims)
-        if try_infer_model_shapes(model) is None:
-            for value, shape in saved.items():  # onnx's inference failed: as it was
-                value.shape = shape
+        if not _infer_with(model, {value: ir.Shape(dims) for value, dims in found.items()}):
             break
         changed = True
     return changed
@@ -98,21 +88,28 @@ def name_anonymous_input_dims(model: ir.Model) -> bool:
         if value.is_initializer() or shape is None \
                 or not any(isinstance(d, ir.SymbolicDim) and d.value is None for d in shape):
             continue
-        named[value] = shape
-        value.shape = ir.Shape([
+        named[value] = ir.Shape([
             f"{STAND_IN_PREFIX}{index}_{axis}"
             if isinstance(d, ir.SymbolicDim) and d.value is None else d
             for axis, d in enumerate(shape)])
-    if not named:
-        return False
-    downstream = _downstream(graph, list(named))
-    saved = {value: value.shape for value in downstream}
+    return bool(named) and _infer_with(model, named)
+
+
+def _infer_with(model: ir.Model, fixed: dict[ir.Value, ir.Shape]) -> bool:
+    """Give the ``fixed`` values their shapes and infer again; False (and everything as it
+    was) when onnx's inference fails. Only what depends on them is inferred afresh: elsewhere
+    the symbols onnx minted stay, and with them what they tell (two values with one symbol
+    are as long)."""
+    downstream = _downstream(model.graph, list(fixed))
+    saved = {value: value.shape for value in [*fixed, *downstream]}
     for value in downstream:
         shape = value.shape
         if shape is not None and any(_minted(d) for d in shape):
             value.shape = ir.Shape([None if _minted(d) else d for d in shape])
+    for value, shape in fixed.items():
+        value.shape = shape
     if try_infer_model_shapes(model) is None:
-        for value, shape in [*named.items(), *saved.items()]:  # inference failed: as it was
+        for value, shape in saved.items():
             value.shape = shape
         return False
     return True
@@ -209,10 +206,12 @@ def _range_dims(node: ir.Node) -> Dims | None:
     """``Range(0, n, 1)`` with ``n`` a named dim has that length."""
     if len(node.inputs) != 3 or any(v is None for v in node.inputs):
         return None
-    start, limit, delta = node.inputs
-    if _scalar(start) != 0 or _scalar(delta) != 1:
+    try:
+        if _const_ints(node, 0).entries != (0,) or _const_ints(node, 2).entries != (1,):
+            return None
+    except NoMatch:  # a start or step computed at run time
         return None
-    name = dim_name(limit)
+    name = dim_name(node.inputs[1])
     return None if name is None else [name]
 
 
@@ -273,13 +272,15 @@ def _slice_dims(node: ir.Node) -> Dims | None:
     if len(node.inputs) < 3 or any(v is None for v in node.inputs[:3]):
         return None
     data_dims = _dims(node.inputs[0].shape)
-    starts = _ints(node.inputs[1])
+    try:
+        starts, axes, steps = (_ints(node, "starts", 1), _ints(node, "axes", 3),
+                               _ints(node, "steps", 4))
+    except NoMatch:  # a bound computed at run time
+        return None
     ends = shape_entries(node.inputs[2], node.inputs[0])
-    axes = _ints(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None \
-        else list(range(len(starts or ())))
-    steps = _ints(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] is not None \
-        else [1] * len(starts or ())
-    if (data_dims is None or starts is None or ends is None or axes is None or steps is None
+    axes = list(range(len(starts or ()))) if axes is None else axes
+    steps = [1] * len(starts or ()) if steps is None else steps
+    if (data_dims is None or starts is None or ends is None
             or not len(starts) == len(ends) == len(axes) == len(steps)
             or any(s != 0 for s in starts) or any(s != 1 for s in steps)):
         return None
@@ -383,20 +384,6 @@ def _product(result: int | str | None) -> int | str | None:
             and any(is_minted(part) for part in result.split("*")):
         return None
     return result
-
-
-def _ints(value: ir.Value) -> list[int] | None:
-    tensor = _const_tensor(value)
-    if tensor is None or len(tensor.shape) != 1 or not tensor.dtype.is_integer():
-        return None
-    return [int(v) for v in tensor.numpy()]
-
-
-def _scalar(value: ir.Value) -> int | None:
-    tensor = _const_tensor(value)
-    if tensor is None or tensor.size != 1 or not tensor.dtype.is_integer():
-        return None
-    return int(tensor.numpy().reshape(()))
 
 
 def _minted(dim: int | ir.SymbolicDim) -> bool:

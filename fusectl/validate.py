@@ -453,6 +453,7 @@ def generate_inputs(
         if not lo <= hi:
             raise BadInputError(f"input range for {range_name!r}: low {lo} is above high {hi}")
 
+    named = frozenset(symbolic)
     feeds: dict[str, np.ndarray] = {}
     bound: dict[str, int] = {}
     for value in runtime_inputs:
@@ -471,7 +472,7 @@ def generate_inputs(
             result[name] = feeds[name]
             continue
         dtype, shape = _tensor_signature(value)
-        dims = tuple(_resolve_dim(d, options.dims, bound) for d in shape)
+        dims = tuple(_resolve_dim(d, options.dims, bound, named) for d in shape)
         result[name] = np.asarray(_generate(
             value, dtype, dims, rng, options.input_ranges.get(name), float_range or (-1.0, 1.0)
         ))
@@ -498,7 +499,8 @@ def _tensor_signature(value: ir.Value) -> tuple[ir.DataType, ir.Shape]:
     return value.type.dtype, value.shape
 
 
-def _resolve_dim(dim: int | ir.SymbolicDim, dims: Mapping[str, int], bound: Mapping[str, int]):
+def _resolve_dim(dim: int | ir.SymbolicDim, dims: Mapping[str, int], bound: Mapping[str, int],
+                 named: Collection[str] = ()):
     if isinstance(dim, int):
         # -1 is how older exporters (Paddle2ONNX) spell a dynamic dim: an unnamed one.
         return dim if dim >= 0 else _DEFAULT_DIM
@@ -510,7 +512,7 @@ def _resolve_dim(dim: int | ir.SymbolicDim, dims: Mapping[str, int], bound: Mapp
     if name in bound:
         return bound[name]
     if not name.isidentifier():  # torch's "s16 + s62" (past + new length): its symbols' sum
-        computed = _expression_dim(dim, dims, bound)
+        computed = _expression_dim(dim, dims, bound, named)
         if computed is not None:
             return computed
     lowered = name.lower()
@@ -519,15 +521,19 @@ def _resolve_dim(dim: int | ir.SymbolicDim, dims: Mapping[str, int], bound: Mapp
     return _DEFAULT_DIM
 
 
-def _expression_dim(dim: ir.SymbolicDim, dims: Mapping[str, int],
-                    bound: Mapping[str, int]) -> int | None:
-    """A dim spelled as an expression of named dims, each resolved as a dim of its own."""
+def _expression_dim(dim: ir.SymbolicDim, dims: Mapping[str, int], bound: Mapping[str, int],
+                    named: Collection[str]) -> int | None:
+    """A dim spelled as an expression of dims that inputs name on their own (torch's
+    ``s16 + s62``), each resolved as such; None for anything else (``seq-len`` is a name,
+    not a difference) and for a result below 1."""
     try:
         symbols = dim.free_symbols()
+        if not symbols or not all(s in named or s in dims or s in bound for s in symbols):
+            return None
         value = dim.evaluate({s: _resolve_dim(ir.SymbolicDim(s), dims, bound) for s in symbols})
     except Exception:  # noqa: BLE001 - a name onnx-ir cannot parse is just a name
         return None
-    return int(value) if isinstance(value, int) and value >= 0 else None
+    return int(value) if isinstance(value, int) and value >= 1 else None
 
 
 def _check_provided(value: ir.Value, arr: Any, dims: Mapping[str, int]) -> np.ndarray:

@@ -235,6 +235,16 @@ def test_terminal_report(capsys, samples: Path) -> None:
     assert code == 0 and out == ""
 
 
+def test_skip_rule_applies_after_rule_names_a_rule(capsys, samples: Path) -> None:
+    """As in optimize: --rule X --skip-rule X runs nothing; it is not "X matches no rule"."""
+    code, out, err = run(capsys, "report", samples / "cnn.onnx", "--rule", "conv-bn-fold",
+                         "--skip-rule", "conv-bn-fold")
+    assert code == 0, err
+    assert "conv-bn-fold" not in out
+    code, out, err = run(capsys, "report", samples / "cnn.onnx", "--skip-rule", "conv-bn-fold")
+    assert code == 0 and "conv-bn-fold" not in out
+
+
 def test_api_report_model(samples: Path) -> None:
     rules = fusectl.load_rule_set(include=["matmul-add-to-gemm"])
     report = fusectl.report_model(samples / "mlp.onnx", rules=rules, device="h100", top=2)

@@ -206,3 +206,18 @@ def test_slice_reads_in_the_attribute_form_and_with_steps_but_no_axes(text, dims
         assert read is None  # step 2: not a plain read
     else:
         assert read is not None and read[0].name == "x" and read[1] == [16]
+
+
+def test_a_graph_outputs_declared_dims_are_not_read() -> None:
+    """y is declared [B, S] but is x transposed, [S, B] at run time: a read of its dims is
+    not moved to the input (nor evaluated by name), so z keeps its run-time shape."""
+    proto = onnx.parser.parse_model("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[B, S] x) => (float[B, S] y, float[B, S] z)
+        <int64[1] i0 = {0}, int64[1] m1 = {-1}>
+        {
+          y = Transpose<perm=[1,0]>(x)  sh = Shape(y)  n = Gather<axis=0>(sh, i0)
+          t = Concat<axis=0>(n, m1)  r = Reshape(x, t)  z = Identity(r)
+        }""")
+    result = fusectl.optimize(from_proto(proto), dims={"B": 2, "S": 3})
+    assert result.validation is not None and result.validation.passed

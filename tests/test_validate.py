@@ -837,3 +837,12 @@ def test_an_expression_dim_is_computed_from_its_symbols():
     assert feeds["mask"].shape == (1, 16) and feeds["past"].shape == (1, 2, 8, 4)
     bound = v.generate_inputs(m, v.ValidationOptions(dims={"s62": 3, "s16": 5}), 0)
     assert bound["mask"].shape == (1, 8) and bound["x"].shape == (1, 5)
+
+
+def test_a_hyphenated_dim_name_is_a_name_not_a_difference():
+    """``seq-len`` would evaluate as seq - len = 0 (an empty input compares nothing); a
+    symbol no input names on its own means the dim is a plain name."""
+    m = model('g (float[b, "seq-len"] x, float[b, "s1 - s2"] y) => (float[b, "seq-len"] z) '
+              "{ z = Relu(x) }")
+    feeds = v.generate_inputs(m, v.ValidationOptions(), 0)
+    assert feeds["x"].shape == (1, 8) and feeds["y"].shape == (1, 8)
