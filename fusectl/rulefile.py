@@ -725,7 +725,7 @@ def _statements(node: _Node | None, what: str, replace: bool, problems: _Problem
     return texts, parse_statements(first, replace=replace), lines
 
 
-MAX_MATCH_VARIANTS = 16
+MAX_MATCH_VARIANTS = 32
 
 
 def _match_variants(node: _Node | None, problems: _Problems

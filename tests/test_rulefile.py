@@ -576,12 +576,13 @@ def test_too_many_alternative_combinations() -> None:
             summary: too many alternatives
             match:
               - y = Relu(x) | Neg(x) | Abs(x) | Exp(x) | Log(x)
-              - z = Relu(y) | Neg(y) | Abs(y) | Exp(y)
+              - w = Relu(y) | Neg(y) | Abs(y) | Exp(y)
+              - z = Relu(w) | Neg(w)
             replace:
               - z = Relu(x)
         """
     )
-    assert (6, "more than 16 alternative combinations") in problems(text)
+    assert (6, "more than 32 alternative combinations") in problems(text)
 
 
 OPTIONAL_SCALE = """
