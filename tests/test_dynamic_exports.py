@@ -247,3 +247,16 @@ def test_transformers5_export_names_every_dim_and_fuses_masked_attention(tmp_pat
               and any(not isinstance(d, int) and (d.value or "unk").startswith("unk")
                       for d in v.shape)]
     assert minted == []
+
+
+def test_transformers5_export_fuses_guarded_attention_on_the_onnx_target(tmp_path) -> None:
+    """The same block at opset 23: the -inf mask keeps torch's NaN guard, which moves after
+    the Attention op (a row masked entirely must still come out 0)."""
+    path = tmp_path / "bert5.onnx"
+    onnx.save(_transformers5_bert(), path)
+    result = fusectl.optimize(str(path), opset=23)
+    assert result.validation is not None and result.validation.passed
+    ops = Counter(n.op_type for n in result.model.graph)
+    assert ops["Attention"] == 1 and ops["Softmax"] == 0 and ops["IsNaN"] == 1
+    guard = next(n for n in result.model.graph if n.op_type == "IsNaN")
+    assert guard.inputs[0].producer().op_type == "Attention"
