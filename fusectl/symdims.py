@@ -266,9 +266,10 @@ def _constant_of_shape_dims(node: ir.Node) -> Dims | None:
 
 def _slice_dims(node: ir.Node) -> Dims | None:
     """``Slice(x, 0, n)`` with unit steps: the axes sliced are ``n`` long. A named ``n`` is
-    taken as the length, as exporters slice a buffer to the sequence length
-    (``position_ids[:, :seq_len]``); a run with a shorter buffer fails where the slice
-    meets the sequence."""
+    taken as the length only along an axis of static size, as exporters slice a fixed
+    buffer to the sequence length (``position_ids[:, :seq_len]``; a longer sequence than
+    the buffer fails where the slice meets it). Along a dynamic axis the slice may be
+    shorter than ``n`` and stays unnamed: reads of its shape would be moved to ``n``."""
     if len(node.inputs) < 3 or any(v is None for v in node.inputs[:3]):
         return None
     data_dims = _dims(node.inputs[0].shape)
@@ -294,8 +295,10 @@ def _slice_dims(node: ir.Node) -> Dims | None:
                 dims[axis] = max(0, min(end + size if end < 0 else end, size))
             else:
                 dims[axis] = size if end >= SLICE_TO_END else None
-        else:
+        elif isinstance(size, int):
             dims[axis] = _entry_dim(end, data_dims)
+        else:
+            dims[axis] = size if _entry_dim(end, data_dims) == size else None
     return dims
 
 

@@ -310,6 +310,8 @@ def test_registered_as_an_expression_function() -> None:
     # Cast of an infinite float (3 / 0.0) back to int64
     ("float[N,3] x", "s = Shape(x)  d = Gather(s, i)  f = Cast<to=1>(d)  q = Div(f, z)  "
      "t = Cast<to=7>(q)", "int64[1] i = {1}, float[1] z = {0.0}", 0, "non-finite"),
+    # a Cast to no data type (a corrupt model: refused here, by onnxruntime later)
+    ("float[N,3] x", "s = Shape(x)  t = Cast<to=999>(s)", "", 0, "unknown data type"),
     # an int32 target (Reshape wants int64)
     ("float[N,3] x", "s = Shape(x)  t = Cast<to=6>(s)", "", 0, "int64"),
     # Unsqueeze of a vector makes a matrix

@@ -229,3 +229,28 @@ def test_stand_ins_are_forgotten_inside_subgraphs_too() -> None:
     assert any(s is not None and "anon__" in str(s) for s in inner)
     symdims.forget_stand_ins(model)
     assert b"anon__" not in ir.serde.serialize_model(model).SerializeToString()
+
+
+def test_a_slice_of_a_dynamic_axis_to_another_dim_stays_unnamed() -> None:
+    """x[:, :S] of an [B, L] input may be shorter than S (L < S): naming it S would let
+    prepare move reads of its shape to S and change what ConstantOfShape builds."""
+    proto = onnx.parser.parse_model("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[B, L] x, float[B, S] y) => (float[?] c, float[B] z)
+        <int64[1] i0 = {0}, int64[1] i1 = {1}, int64[1] a1 = {1}>
+        {
+          sy = Shape(y)  s = Gather<axis=0>(sy, i1)  sl = Slice(x, i0, s, a1)
+          r = Relu(sl)  sr = Shape(r)  n = Gather<axis=0>(sr, i1)
+          c = ConstantOfShape(n)  z = ReduceSum<keepdims=0>(r, i1)
+        }""")
+    from fusectl.prepare import prepare
+    model = from_proto(proto)
+    prepare(model)
+    assert _dims(model, "sl")[1] != "S"
+    import onnxruntime as ort
+    feeds = {"x": np.ones((2, 3), np.float32), "y": np.ones((2, 5), np.float32)}
+    after = ir.serde.serialize_model(model)
+    shapes = [[o.shape for o in ort.InferenceSession(
+        p.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)]
+        for p in (proto, after)]
+    assert shapes[0] == shapes[1] == [(3,), (2,)]
