@@ -141,7 +141,7 @@ def select_rules(
 
     def included(rule: Rule) -> bool:
         if include:
-            return named(rule, include) or named(rule, also)
+            return named(rule, include) or (rule.opt_in and named(rule, also))
         return not rule.opt_in or opt_in or named(rule, also)
 
     chosen = [r for r in rules if included(r) and not named(r, exclude)]

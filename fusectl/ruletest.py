@@ -119,7 +119,11 @@ def strip_dataless_initializers(text: str) -> tuple[str, list[Declared]]:
 
 def _dim(text: str) -> int | str:
     text = text.strip()
-    return int(text) if text.lstrip("-").isdigit() else text
+    if not text.lstrip("-").isdigit():
+        return text
+    if int(text) < 0:
+        raise TestModelError(f"initializer dim {text} is negative")
+    return int(text)
 
 
 def _declare_value(proto: onnx.ModelProto, name: str, dtype: Any,

@@ -76,6 +76,11 @@ def test_opt_in_rules_run_only_when_named(tmp_path) -> None:
     both = fusectl.load_rule_set(include=["conv-bn-fold"], also_opt_in=["ort-skip-rmsnorm"],
                                  target="onnxruntime")
     assert sorted(r.id for r in both) == ["conv-bn-fold", "ort-skip-rmsnorm"]
+    # ... and only opt-in rules: a default rule its glob matches stays out beside --rule
+    wide = fusectl.load_rule_set(include=["conv-bn-fold"], also_opt_in=["ort-skip-*"],
+                                 target="onnxruntime")
+    ids = {r.id for r in wide}
+    assert "ort-skip-rmsnorm" in ids and "ort-skip-layernorm-bias" not in ids
 
 
 def test_builtin_opt_in_rules_are_off_by_default() -> None:

@@ -1175,3 +1175,7 @@ def test_test_model_declares_value_shapes_beside_initializers() -> None:
                                  rulefile.Expect())
     with pytest.raises(TestModelError, match="symbolic dims"):
         build_test_model(symbolic)
+    negative = rulefile.RuleTest("t", model.replace("float[4] w", "float[-1] w"),
+                                 rulefile.Expect())
+    with pytest.raises(TestModelError, match="negative"):
+        build_test_model(negative)
