@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx_ir as ir
@@ -55,29 +56,53 @@ _DTYPE_ATTRIBUTES: dict[str, tuple[str, bool]] = {
 }
 
 
-def float64_outputs(
-    model: ir.Model | str | Path, feeds: Mapping[str, np.ndarray]
-) -> dict[str, np.ndarray] | None:
-    """The model's outputs computed in float64 on ``feeds`` (float feeds widened), or None
-    when the model cannot be run that way (other domains, quantized ops, an evaluator error).
-    """
-    try:
+class Float64Run:
+    """The model widened to float64 and its evaluator, built on the first sample that needs
+    them and kept for the next ones (a model is widened and loaded once per validation)."""
+
+    def __init__(self, model: ir.Model | str | Path) -> None:
+        self._model = model
+        self._built = False
+        self._evaluator: Any = None
+        self._outputs: list[str] = []
+        self._inputs: set[str] = set()
+
+    def _build(self) -> None:
+        self._built = True
+        model = self._model
+        self._model = None  # type: ignore[assignment]  # the evaluator holds what it needs
         if isinstance(model, ir.Model):
             wide = widened(model)
         else:  # loaded for this run alone: widened in place, no second copy of the weights
             wide = widened(ir.load(os.fspath(model)), copy=False)
         if wide is None:
-            return None
+            return
         from onnx.reference import ReferenceEvaluator  # imported when a comparison needs it
 
-        evaluator = ReferenceEvaluator(ir.to_proto(wide))
-        names = [v.name for v in wide.graph.outputs]
-        wide_feeds = {k: _widen_array(v) for k, v in feeds.items()
-                      if k in {i.name for i in wide.graph.inputs}}
-        results = evaluator.run(None, wide_feeds)
-    except Exception:  # noqa: BLE001 - a missing yardstick leaves the float32 verdict alone
-        return None
-    return {name: np.asarray(r) for name, r in zip(names, results, strict=False)}
+        self._evaluator = ReferenceEvaluator(ir.to_proto(wide))
+        self._outputs = [v.name for v in wide.graph.outputs]
+        self._inputs = {v.name for v in wide.graph.inputs}
+
+    def outputs(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray] | None:
+        """The outputs on ``feeds`` (float feeds widened), or None when the model cannot be
+        run that way (other domains, quantized ops, an evaluator error)."""
+        try:
+            if not self._built:
+                self._build()
+            if self._evaluator is None:
+                return None
+            wide_feeds = {k: _widen_array(v) for k, v in feeds.items() if k in self._inputs}
+            results = self._evaluator.run(None, wide_feeds)
+        except Exception:  # noqa: BLE001 - a missing yardstick leaves the float32 verdict alone
+            return None
+        return {name: np.asarray(r) for name, r in zip(self._outputs, results, strict=False)}
+
+
+def float64_outputs(
+    model: ir.Model | str | Path, feeds: Mapping[str, np.ndarray]
+) -> dict[str, np.ndarray] | None:
+    """The model's outputs computed in float64 on ``feeds``: one :class:`Float64Run`."""
+    return Float64Run(model).outputs(feeds)
 
 
 def widened(model: ir.Model, *, copy: bool = True) -> ir.Model | None:

@@ -276,14 +276,18 @@ class ReferenceRun:
         default_factory=dict, compare=False, repr=False)
     """float64 outputs per sample once made (None: the model cannot run in float64); filled
     in place (the dataclass is frozen, its cache is not), so bisection makes them once."""
+    float64_run: list[float64.Float64Run] = field(default_factory=list, compare=False,
+                                                  repr=False)
+    """The widened model and its evaluator, made for the first sample that needs them."""
 
     def float64_outputs(self, sample: int) -> dict[str, np.ndarray] | None:
         """The reference's outputs on sample ``sample`` computed in float64, made once."""
         if sample not in self.float64_made:
+            if self.source is not None and not self.float64_run:
+                self.float64_run.append(float64.Float64Run(self.source))
             self.float64_made[sample] = (
-                None if self.source is None
-                else float64.float64_outputs(self.source, self.feed_sets[sample])
-            )
+                self.float64_run[0].outputs(self.feed_sets[sample]) if self.float64_run
+                else None)
         return self.float64_made[sample]
 
 

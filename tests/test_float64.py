@@ -64,6 +64,22 @@ def test_an_exact_candidate_passes_within_the_references_float32_error():
     assert v.comparison_to_dict(out)["float64_floor"] == pytest.approx(out.float64_floor)
 
 
+def test_the_float64_model_is_built_once_for_every_sample(monkeypatch):
+    from onnx import reference
+
+    built = []
+    real = reference.ReferenceEvaluator
+
+    def counting(*args, **kwargs):
+        built.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(reference, "ReferenceEvaluator", counting)
+    result = v.validate(CANCELLING, shifted(0.0), v.ValidationOptions(samples=3))
+    assert result.passed and len(result.outputs) >= 1
+    assert len(built) == 1
+
+
 def test_a_wrong_candidate_still_fails_and_says_so():
     result = v.validate(CANCELLING, shifted(0.01))
     out = only(result)
