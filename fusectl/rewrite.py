@@ -23,6 +23,7 @@ from . import traffic
 from .compile import CompiledRule, NoRewrite, Rewrite
 from .deadcode import remove_dead_producers, remove_unused
 from .names import FreshNames
+from .shapeexpr import input_dim_names
 from .shapes import infer_node
 
 RULE_TAG = "fusectl.rule"
@@ -152,7 +153,7 @@ def apply_rules(
     passes = 0
     converged = False
     touched = _Touched()
-    meter = traffic.Meter(dims=dims, bound=bound)
+    meter = traffic.Meter(dims=dims, bound=bound, named=input_dim_names(model.graph))
     last_run: dict[tuple[int, int], int] = {}  # (rule, graph) -> number of its last run
     run = 0
 

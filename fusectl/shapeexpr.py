@@ -84,6 +84,30 @@ def mentions_stand_in(name: str | None) -> bool:
     """Whether a dim's name is or holds (``anon__0_1*4``) a stand-in."""
     return name is not None and STAND_IN.search(name) is not None
 
+
+def expression_symbols(dim: ir.SymbolicDim,
+                       named: Callable[[str], bool]) -> frozenset[str] | None:
+    """The symbols of a dim spelled as an expression of other dims (torch's ``s16 + s62``:
+    new tokens + past ones), or None when the dim is a name of its own: an identifier, text
+    onnx-ir cannot parse, or an expression with a symbol ``named`` refuses (``seq-len`` is
+    seq - len only in a model that has dims called ``seq`` and ``len``)."""
+    name = dim.value
+    if name is None or name.isidentifier():
+        return None
+    try:
+        symbols = frozenset(str(s) for s in dim.free_symbols())
+    except Exception:  # noqa: BLE001 - a name onnx-ir cannot parse is just a name
+        return None
+    return symbols if symbols and all(named(s) for s in symbols) else None
+
+
+def input_dim_names(graph: ir.Graph) -> frozenset[str]:
+    """The dims a graph's inputs name on their own: the symbols an expression dim elsewhere
+    in the model may be made of."""
+    return frozenset(
+        d.value for v in graph.inputs if v.shape is not None for d in v.shape
+        if isinstance(d, ir.SymbolicDim) and d.value is not None and d.value.isidentifier())
+
 _INT_RANGES = {ir.DataType.INT64: (-(2**63), 2**63 - 1), ir.DataType.INT32: (-(2**31), 2**31 - 1)}
 _FLOAT_TYPES = {ir.DataType.FLOAT: np.float32, ir.DataType.DOUBLE: np.float64}
 _BOOL = ir.DataType.BOOL

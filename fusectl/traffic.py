@@ -93,7 +93,13 @@ from typing import NamedTuple
 import onnx_ir as ir
 
 from fusectl.errors import BadInputError
-from fusectl.shapeexpr import is_minted, is_stand_in
+from fusectl.shapeexpr import (
+    expression_symbols,
+    input_dim_names,
+    is_minted,
+    is_stand_in,
+    mentions_stand_in,
+)
 
 __all__ = [
     "CONV_ALGOS",
@@ -478,8 +484,8 @@ class _Ctx:
     """Per-call state: dim bindings, local functions and memo tables."""
 
     __slots__ = (
-        "dims", "functions", "conv_algo", "bound", "symbols", "shapes", "sizes", "fn_cache",
-        "stack",
+        "dims", "functions", "conv_algo", "bound", "named", "symbols", "shapes", "sizes",
+        "fn_cache", "stack",
     )
 
     def __init__(
@@ -488,11 +494,14 @@ class _Ctx:
         functions: Mapping[FunctionKey, ir.Function],
         conv_algo: str = "direct",
         bound: Mapping[str, Dims] | None = None,
+        named: frozenset[str] | None = None,
     ):
         self.dims = dims
         self.functions = functions
         self.conv_algo = conv_algo
         self.bound = bound or {}
+        self.named = named
+        """The dims a dim expression may be made of (the graph inputs'); None: any."""
         self.symbols: dict[str, int | None] = {}
         self.shapes: dict[ir.Value, Dims | None] = {}
         self.sizes: dict[ir.Value, int | None] = {}
@@ -517,17 +526,24 @@ class _Ctx:
         return result
 
     def _expression(self, d: object) -> int | None:
-        """A dim like ``N*2``: bind its symbols (unbound named ones as 1) and evaluate."""
-        result: int | None = None
+        """A dim like ``N*2``: bind its symbols (unbound named ones as 1) and evaluate. A
+        dim that is not an expression of the model's input dims (``seq-len``) is a name."""
+        named = self.named
         try:
-            symbols = {str(s) for s in d.free_symbols()}  # type: ignore[attr-defined]
-            if not any((is_minted(s) or is_stand_in(s)) and s not in self.dims for s in symbols):
-                bindings = {s: self.dims.get(s, 1) for s in symbols}
-                value = d.evaluate(bindings)  # type: ignore[attr-defined]
-                result = value if isinstance(value, int) else None
+            symbols = expression_symbols(
+                d, lambda s: s in self.dims or named is None or s in named)  # type: ignore[arg-type]
         except Exception:  # a dim we cannot parse is just unknown
-            result = None
-        return result
+            return None
+        if symbols is None:
+            text = str(getattr(d, "value", ""))
+            return None if mentions_stand_in(text) or "unk__" in text else 1
+        if any((is_minted(s) or is_stand_in(s)) and s not in self.dims for s in symbols):
+            return None
+        try:
+            value = d.evaluate({s: self.dims.get(s, 1) for s in symbols})  # type: ignore[attr-defined]
+        except Exception:  # a dim we cannot evaluate is just unknown
+            return None
+        return value if isinstance(value, int) else None
 
     def shape(self, value: ir.Value | None) -> Dims | None:
         if value is None:
@@ -1335,11 +1351,14 @@ class Meter:
         functions: Mapping[FunctionKey, ir.Function] | None = None,
         conv_algo: str = "direct",
         bound: Mapping[str, Dims] | None = None,
+        named: frozenset[str] | None = None,
     ) -> None:
         """``bound`` is :func:`fusectl.boundshapes.bound_shapes` of the model: the static
-        shape of a value whose own shape has a dim inference could not name."""
+        shape of a value whose own shape has a dim inference could not name. ``named`` is
+        :func:`fusectl.shapeexpr.input_dim_names` of the model: the only dims a dim spelled
+        as an expression is evaluated from (None: any)."""
         self._ctx = _Ctx(_check_dims(dims), functions or {}, _check_conv_algo(conv_algo),
-                         bound)
+                         bound, named)
 
     def node(self, node: ir.Node, *, constants: set[ir.Value] | None = None,
              index: int | None = None) -> NodeTraffic:
@@ -1377,7 +1396,8 @@ def measure(
     convolution.  Linear in graph size; never reads tensor data.
     """
     graph = model.graph
-    ctx = _Ctx(_check_dims(dims), model.functions, _check_conv_algo(conv_algo), bound)
+    ctx = _Ctx(_check_dims(dims), model.functions, _check_conv_algo(conv_algo), bound,
+               input_dim_names(graph))
     constants = constant_values(graph, legacy_inputs=model.ir_version < _LEGACY_IR_VERSION)
     is_const = constants.__contains__
     results: list[NodeTraffic] = []

@@ -67,6 +67,7 @@ from fusectl import float64
 from fusectl.errors import BadInputError
 from fusectl.protowire import encode_model
 
+from .shapeexpr import expression_symbols
 from .shapes import infer_model_shapes
 
 __all__ = [
@@ -530,12 +531,12 @@ def _expression_dim(dim: ir.SymbolicDim, dims: Mapping[str, int], bound: Mapping
     """A dim spelled as an expression of dims that inputs name on their own (torch's
     ``s16 + s62``), each resolved as such; None for anything else (``seq-len`` is a name,
     not a difference) and for a result below 1."""
+    symbols = expression_symbols(dim, lambda s: s in named or s in dims or s in bound)
+    if symbols is None:
+        return None
     try:
-        symbols = dim.free_symbols()
-        if not symbols or not all(s in named or s in dims or s in bound for s in symbols):
-            return None
         value = dim.evaluate({s: _resolve_dim(ir.SymbolicDim(s), dims, bound) for s in symbols})
-    except Exception:  # noqa: BLE001 - a name onnx-ir cannot parse is just a name
+    except Exception:  # noqa: BLE001 - an expression onnx-ir cannot evaluate
         return None
     return int(value) if isinstance(value, int) and value >= 1 else None
 

@@ -494,6 +494,18 @@ def test_dim_expressions_are_evaluated_with_bindings() -> None:
     assert node_traffic(node).bytes_read == 32
 
 
+def test_a_hyphenated_dim_name_is_a_name_not_a_difference() -> None:
+    """``seq-len`` read as seq - len would cost nothing; it is an expression only in a model
+    whose inputs have dims called ``seq`` and ``len`` (as validation reads it)."""
+    hyphen = load('''<ir_version: 8, opset_import: ["" : 17]>
+        g (float[b, "seq-len"] x) => (float[b, "seq-len"] y) { y = Relu(x) }''', infer=False)
+    assert measure(hyphen).nodes[0].bytes_read == 4
+    assert measure(hyphen, dims={"seq-len": 5}).nodes[0].bytes_read == 20
+    expression = load('''<ir_version: 8, opset_import: ["" : 17]>
+        g (float[seq, len] a, float[b, "seq+len"] x) => (float[b, "seq+len"] y) { y = Relu(x) }''')
+    assert measure(expression, dims={"seq": 3, "len": 4}).nodes[0].bytes_read == 28
+
+
 def test_shape_inference_placeholder_dims_are_unknown_unless_bound() -> None:
     x = ir.Value(name="x", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape(["unk__0", 4]))
     node = ir.Node("", "Relu", [x], num_outputs=1)
