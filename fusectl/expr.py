@@ -1167,13 +1167,21 @@ def _fn_broadcasts_into(small: Any, big: Any) -> bool:
                for x, y in zip(reversed(a), reversed(b), strict=False))
 
 
-def _fn_producer_op(value: Any) -> str:
+def _fn_producer_op(value: Any, depth: int = 0) -> str:
     """The op type of the node producing a value, "" for graph inputs and initializers. Input
     side folds use it to leave the affine tail of a decomposed LayerNorm, RMSNorm or GELU
-    (an input produced by Mul/Div) to the fusion that takes the whole pattern."""
+    (an input produced by Mul/Div) to the fusion that takes the whole pattern. ``depth``
+    climbs that many producers up through first inputs: ``producer_op(k, 1)`` is "Reshape"
+    for ``k = Transpose(Reshape(x))`` (the heads split from a projection)."""
     if not is_value(value):
         raise NoMatch("producer_op() needs a value of the match")
+    if isinstance(depth, bool) or not isinstance(depth, int) or not 0 <= depth <= 8:
+        raise NoMatch("producer_op() climbs 0 to 8 producers")
     node = value.producer()
+    for _ in range(depth):
+        if node is None or not node.inputs or node.inputs[0] is None:
+            return ""
+        node = node.inputs[0].producer()
     if node is None:
         return ""
     return node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
