@@ -129,6 +129,20 @@ def test_producer_op_of_a_non_value_is_no_match(value: object) -> None:
         producer_op(value)
 
 
+def test_producer_op_climbs_first_inputs_by_depth() -> None:
+    x = _activation("x", [2, 8])
+    reshaped = ir.Node("", "Reshape", [x, _const("s", np.array([2, 2, 4]))], num_outputs=1)
+    transposed = ir.Node("", "Transpose", [reshaped.outputs[0]], num_outputs=1)
+    k = transposed.outputs[0]
+    assert [producer_op(k, d) for d in (0, 1, 2)] == ["Transpose", "Reshape", ""]
+
+
+@pytest.mark.parametrize("depth", [-1, 9, 1.5, True])
+def test_producer_op_refuses_a_depth_out_of_range(depth: object) -> None:
+    with pytest.raises(NoMatch):
+        producer_op(_output_of("", "Relu"), depth)
+
+
 def test_functions_are_usable_in_rule_expressions() -> None:
     condition = parse(
         'producer_op(x) not in ["Mul", "Div"] and rank(y) == 3 and broadcasts_into(b, y)',
