@@ -48,6 +48,8 @@ def infer_node(node: ir.Node, opsets: Mapping[str, int], *, refine: bool = False
         return _infer_as(node, base, opsets, refine)
     if key == ("com.microsoft", "FusedMatMul"):
         return _infer_fused_matmul(node, opsets, refine)
+    if key == ("com.microsoft", "MultiHeadAttention"):
+        return _infer_multihead_attention(node)
     try:
         schema = onnx.defs.get_schema(node.op_type, opsets.get(node.domain, 1), node.domain)
     except onnx.defs.SchemaError:
@@ -147,6 +149,32 @@ def _infer_fused_matmul(node: ir.Node, opsets: Mapping[str, int], refine: bool) 
             value = ir.Value(name=value.name, type=value.type, shape=ir.Shape(dims))
         operands.append(value)
     return _infer_twin(node, ir.Node("", "MatMul", operands, num_outputs=1), opsets, refine)
+
+
+def _infer_multihead_attention(node: ir.Node) -> bool:
+    """com.microsoft.MultiHeadAttention's first output is [B, S, H*Dv]: the query's [B, S]
+    and the value's hidden size, from a [B, L, H*Dv] value or [B, H, L, Dv] heads. Only the
+    query-key-value form the onnxruntime target emits (3-D query, separate K and V)."""
+    query = node.inputs[0] if node.inputs else None
+    value = node.inputs[2] if len(node.inputs) > 2 else None
+    target = node.outputs[0]
+    if query is None or value is None or query.type is None:
+        return False
+    if query.shape is None or value.shape is None or len(query.shape) != 3:
+        return False
+    value_dims = list(value.shape)
+    if len(value_dims) == 3:
+        hidden = value_dims[2]
+    elif len(value_dims) == 4 and isinstance(value_dims[1], int) and isinstance(
+            value_dims[3], int):
+        hidden = value_dims[1] * value_dims[3]
+    else:
+        return False
+    if target.type is None:
+        target.type = query.type
+    if target.shape is None:
+        target.shape = ir.Shape([query.shape[0], query.shape[1], hidden])
+    return True
 
 
 def _infer_twin(node: ir.Node, twin: ir.Node, opsets: Mapping[str, int], refine: bool) -> bool:

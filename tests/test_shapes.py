@@ -166,3 +166,19 @@ def test_fused_matmul_batch_transposes_stay_untyped() -> None:
                    attributes=[ir.AttrInt64("transBatchA", 1)])
     assert not infer_node(node, OPSETS)
     assert node.outputs[0].shape is None
+
+
+def test_multihead_attention_takes_the_query_rows_and_the_value_width() -> None:
+    q, k = _value("q", ["B", "S", 32]), _value("k", ["B", "L", 32])
+    packed = ir.Node("com.microsoft", "MultiHeadAttention", [q, k, _value("v", ["B", "L", 24])],
+                     attributes=[ir.AttrInt64("num_heads", 4)])
+    assert infer_node(packed, OPSETS)
+    assert packed.outputs[0].shape == ir.Shape(["B", "S", 24])
+    heads = ir.Node("com.microsoft", "MultiHeadAttention",
+                    [q, _value("k4", ["B", 4, "L", 8]), _value("v4", ["B", 4, "L", 6])],
+                    attributes=[ir.AttrInt64("num_heads", 4)])
+    assert infer_node(heads, OPSETS) and heads.outputs[0].shape == ir.Shape(["B", "S", 24])
+    packed_qkv = ir.Node("com.microsoft", "MultiHeadAttention",
+                         [_value("qkv", ["B", "S", 4, 3, 8])],
+                         attributes=[ir.AttrInt64("num_heads", 4)])
+    assert not infer_node(packed_qkv, OPSETS) and packed_qkv.outputs[0].shape is None
