@@ -703,6 +703,38 @@ def _fn_transposed_shape(perm: Any, value: Any) -> np.ndarray:
     return np.asarray([d if isinstance(d, int) else -1 for d in out], dtype=np.int64)
 
 
+def _fn_unit_reshape_moved(perm: Any, x: Any, z: Any) -> list[Any]:
+    """``[target, order]`` with ``Transpose(Reshape(x, target), order)`` equal to
+    ``z = Reshape(Transpose(x, perm))`` when that Reshape only inserts or drops dims of size
+    1: x gets the same unit dims where z has them, then the transpose moves the larger dims
+    as ``perm`` did. No match when the dims of size other than 1 change, when the Transpose
+    moves only unit dims (it is a view: transpose-reshape-collapse), for two symbolic dims
+    (the target spells one as -1) or a dim of size 0."""
+    order = _perm(perm)
+    dims = _shape_of_known_rank(x)
+    out = _shape_of_known_rank(z)
+    if len(order) != len(dims):
+        raise NoMatch("perm and rank differ")
+    if any(d is None or d == 0 for d in (*dims, *out)):
+        raise NoMatch("a dim is unknown or 0")
+    kept = [axis for axis in order if dims[axis] != 1]  # x's axes as the Transpose lists them
+    slots = [index for index, dim in enumerate(out) if dim != 1]  # where z has them
+    if [dims[axis] for axis in kept] != [out[index] for index in slots]:
+        raise NoMatch("the Reshape changes dims other than those of size 1")
+    ascending = sorted(kept)
+    if kept == ascending:
+        raise NoMatch("the Transpose moves only dims of size 1")
+    target: list[int | str] = [1] * len(out)
+    for slot, axis in zip(slots, ascending, strict=True):
+        target[slot] = dims[axis]
+    if sum(1 for d in target if not isinstance(d, int)) > 1:
+        raise NoMatch("more than one symbolic dim")
+    moved = list(range(len(out)))
+    for slot, axis in zip(slots, kept, strict=True):
+        moved[slot] = slots[ascending.index(axis)]
+    return [[d if isinstance(d, int) else -1 for d in target], moved]
+
+
 def _fn_unmerged_perm(perm: Any, x: Any, merged: Any, z: Any) -> list[int]:
     """The perm of the one Transpose of ``x`` equal to ``z = Reshape(Transpose(merged,
     perm))`` with ``merged = Reshape(x)``: ``merged`` folds the leading axes of x into its
@@ -1296,6 +1328,7 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     "fill_reshape_zeros": _fn_fill_reshape_zeros,
     "moves_unit_dims_only": _fn_moves_unit_dims_only,
     "transposed_shape": _fn_transposed_shape,
+    "unit_reshape_moved": _fn_unit_reshape_moved,
     "unmerged_perm": _fn_unmerged_perm,
     "is_noop_reshape": _fn_is_noop_reshape,
     "squeezed_axes": _fn_squeezed_axes,

@@ -12,6 +12,8 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from values import const as _const
 from values import dynamic as _dynamic
 from values import evaluate as ev
@@ -23,7 +25,7 @@ LAYOUT_FUNCTIONS = [
     "norm_axes", "permute_axes", "reduced_perm", "fill_reshape_zeros", "moves_unit_dims_only",
     "transposed_shape", "is_noop_reshape", "squeezed_axes", "merge_unsqueeze_axes",
     "merge_squeeze_axes", "itemsize", "lift_rank", "slice_range", "tiling_sizes", "num_uses",
-    "transpose_ahead", "unmerged_perm",
+    "transpose_ahead", "unmerged_perm", "unit_reshape_moved",
 ]
 
 
@@ -321,3 +323,51 @@ def test_transpose_ahead_looks_three_hops_through_elementwise_ops() -> None:
     ir.Node("", "Transpose", [chain], outputs=[ir.Value()])
     assert not fn("transpose_ahead")(z)  # four hops away
     assert fn("transpose_ahead")(y, x)
+
+
+# ------------------------------------------------------------------ unit_reshape_moved
+
+
+@st.composite
+def _unit_reshapes(draw: st.DrawFn) -> tuple[list[int], list[int], list[int]]:
+    """dims of x, a perm, and z: Transpose(x, perm) with its unit dims dropped and others
+    inserted anywhere."""
+    dims = draw(st.lists(st.sampled_from([1, 1, 2, 3, 4]), min_size=1, max_size=5))
+    perm = draw(st.permutations(range(len(dims))))
+    out = [dims[axis] for axis in perm if dims[axis] != 1]
+    for _ in range(draw(st.integers(0, 3))):
+        out.insert(draw(st.integers(0, len(out))), 1)
+    return dims, list(perm), out or [1]
+
+
+@settings(max_examples=200, deadline=None)
+@given(_unit_reshapes())
+def test_unit_reshape_moved_equals_reshape_after_transpose(case: tuple) -> None:
+    dims, perm, out = case
+    data = np.arange(int(np.prod(dims))).reshape(dims)
+    try:
+        target, order = fn("unit_reshape_moved")(perm, _dynamic("x", dims), _dynamic("z", out))
+    except NoMatch:
+        # only when the Transpose moves no dim larger than 1 (it is a view already)
+        larger = [axis for axis in perm if dims[axis] != 1]
+        assert larger == sorted(larger)
+        return
+    np.testing.assert_array_equal(data.reshape(target).transpose(order),
+                                  data.transpose(perm).reshape(out))
+
+
+def test_unit_reshape_moved_single_head_key_and_refusals() -> None:
+    moved = fn("unit_reshape_moved")
+    assert moved([0, 2, 1], _dynamic("x", [1, 64, 16]), _dynamic("z", [1, 1, 16, 64])) == [
+        [1, 1, 64, 16], [0, 1, 3, 2]]
+    assert moved([1, 0], _dynamic("x", ["N", 3]), _dynamic("z", [3, 1, "N"])) == [
+        [-1, 1, 3], [2, 1, 0]]
+    for perm, dims, out in [
+        ([0, 2, 1], [2, 3, 4], [2, 12]),  # merges dims
+        ([1, 0, 2], [1, 3, 4], [3, 1, 4]),  # moves only a unit dim
+        ([1, 0], ["N", "M"], ["M", 1, "N"]),  # two symbolic dims
+        ([1, 0], [2, 0], [0, 1, 2]),  # an empty dim
+        ([0, 1], [2, 3, 4], [2, 3, 4]),  # perm of another rank
+    ]:
+        with pytest.raises(NoMatch):
+            moved(perm, _dynamic("x", dims), _dynamic("z", out))
