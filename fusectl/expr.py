@@ -715,8 +715,8 @@ def _fn_unit_reshape_moved(perm: Any, x: Any, z: Any) -> list[Any]:
     out = _shape_of_known_rank(z)
     if len(order) != len(dims):
         raise NoMatch("perm and rank differ")
-    if any(d is None or d == 0 for d in (*dims, *out)):
-        raise NoMatch("a dim is unknown or 0")
+    if any(d is None or isinstance(d, int) and d <= 0 for d in (*dims, *out)):
+        raise NoMatch("a dim is unknown, 0 or an older exporter's -1")
     kept = [axis for axis in order if dims[axis] != 1]  # x's axes as the Transpose lists them
     slots = [index for index, dim in enumerate(out) if dim != 1]  # where z has them
     if [dims[axis] for axis in kept] != [out[index] for index in slots]:

@@ -80,6 +80,11 @@ def is_stand_in(name: str | None) -> bool:
     return name is not None and STAND_IN.fullmatch(name) is not None
 
 
+def mentions_minted(name: str | None) -> bool:
+    """Whether a dim's name holds (``unk__3*2``) a symbol onnx minted."""
+    return name is not None and MINTED_SYMBOL.search(name) is not None
+
+
 def mentions_stand_in(name: str | None) -> bool:
     """Whether a dim's name is or holds (``anon__0_1*4``) a stand-in."""
     return name is not None and STAND_IN.search(name) is not None
@@ -98,7 +103,7 @@ def expression_symbols(dim: ir.SymbolicDim,
         symbols = frozenset(str(s) for s in dim.free_symbols())
     except Exception:  # noqa: BLE001 - a name onnx-ir cannot parse is just a name
         return None
-    return symbols if symbols and all(named(s) for s in symbols) else None
+    return symbols if all(named(s) for s in symbols) else None  # none: a number ("2*3")
 
 
 def input_dim_names(graph: ir.Graph) -> frozenset[str]:

@@ -98,6 +98,7 @@ from fusectl.shapeexpr import (
     input_dim_names,
     is_minted,
     is_stand_in,
+    mentions_minted,
     mentions_stand_in,
 )
 
@@ -527,23 +528,23 @@ class _Ctx:
 
     def _expression(self, d: object) -> int | None:
         """A dim like ``N*2``: bind its symbols (unbound named ones as 1) and evaluate. A
-        dim that is not an expression of the model's input dims (``seq-len``) is a name."""
+        dim that is not an expression of the model's input dims (``seq-len``) is a name, and
+        so is one whose unbound symbols make it smaller than 1 (``s0 - 1``)."""
         named = self.named
-        try:
-            symbols = expression_symbols(
-                d, lambda s: s in self.dims or named is None or s in named)  # type: ignore[arg-type]
-        except Exception:  # a dim we cannot parse is just unknown
-            return None
+        symbols = expression_symbols(
+            d, lambda s: s in self.dims or named is None or s in named)  # type: ignore[arg-type]
+        text = str(getattr(d, "value", ""))
         if symbols is None:
-            text = str(getattr(d, "value", ""))
-            return None if mentions_stand_in(text) or "unk__" in text else 1
+            return None if mentions_stand_in(text) or mentions_minted(text) else 1
         if any((is_minted(s) or is_stand_in(s)) and s not in self.dims for s in symbols):
             return None
         try:
             value = d.evaluate({s: self.dims.get(s, 1) for s in symbols})  # type: ignore[attr-defined]
         except Exception:  # a dim we cannot evaluate is just unknown
             return None
-        return value if isinstance(value, int) else None
+        if not isinstance(value, int) or value < 0:
+            return None
+        return 1 if value < 1 and any(s not in self.dims for s in symbols) else value
 
     def shape(self, value: ir.Value | None) -> Dims | None:
         if value is None:

@@ -175,7 +175,8 @@ def test_multihead_attention_takes_the_query_rows_and_the_value_width() -> None:
     assert infer_node(packed, OPSETS)
     assert packed.outputs[0].shape == ir.Shape(["B", "S", 24])
     heads = ir.Node("com.microsoft", "MultiHeadAttention",
-                    [q, _value("k4", ["B", 4, "L", 8]), _value("v4", ["B", 4, "L", 6])],
+                    [_value("q24", ["B", "S", 24]), _value("k4", ["B", 4, "L", 6]),
+                     _value("v4", ["B", 4, "L", 6])],
                     attributes=[ir.AttrInt64("num_heads", 4)])
     assert infer_node(heads, OPSETS) and heads.outputs[0].shape == ir.Shape(["B", "S", 24])
     packed_qkv = ir.Node("com.microsoft", "MultiHeadAttention",

@@ -504,6 +504,15 @@ def test_a_hyphenated_dim_name_is_a_name_not_a_difference() -> None:
     expression = load('''<ir_version: 8, opset_import: ["" : 17]>
         g (float[seq, len] a, float[b, "seq+len"] x) => (float[b, "seq+len"] y) { y = Relu(x) }''')
     assert measure(expression, dims={"seq": 3, "len": 4}).nodes[0].bytes_read == 28
+    assert measure(expression).nodes[0].bytes_read == 8  # unbound: 1 + 1
+    numbers = load('''<ir_version: 8, opset_import: ["" : 17]>
+        g (float[s0] a, float["s0 - 1"] x, float["2*3"] u, float["unk__4*2"] m)
+        => (float["s0 - 1"] y, float["2*3"] v, float["unk__4*2"] n)
+        { y = Relu(x)  v = Relu(u)  n = Relu(m) }''', infer=False)
+    relu, six, minted = measure(numbers).nodes
+    assert relu.bytes_read == 4  # s0 unbound: 1 - 1 would be empty, it counts as a name
+    assert measure(numbers, dims={"s0": 5}).nodes[0].bytes_read == 16
+    assert six.bytes_read == 24 and not minted.known
 
 
 def test_shape_inference_placeholder_dims_are_unknown_unless_bound() -> None:

@@ -846,3 +846,5 @@ def test_a_hyphenated_dim_name_is_a_name_not_a_difference():
               "{ z = Relu(x) }")
     feeds = v.generate_inputs(m, v.ValidationOptions(), 0)
     assert feeds["x"].shape == (1, 8) and feeds["y"].shape == (1, 8)
+    summed = model('g (float[b, "seq+len"] x) => (float[b, "seq+len"] z) { z = Relu(x) }')
+    assert v.generate_inputs(summed, v.ValidationOptions(), 0)["x"].shape == (1, 8)
