@@ -29,6 +29,9 @@ def bound_shapes(model: ir.Model, dims: Mapping[str, int]) -> dict[str, tuple[in
     when preparing the copy fails."""
     if not _has_unnamed_dims(model.graph):
         return {}
+    if not any(_bind(d, dims) is not d for v in model.graph.inputs if v.shape is not None
+               for d in v.shape):
+        return {}  # nothing to bind (stand-in names of anonymous dims): the copy would be it
     try:
         copy = model.clone()
         for value in copy.graph.inputs:

@@ -90,6 +90,10 @@ def mentions_stand_in(name: str | None) -> bool:
     return name is not None and STAND_IN.search(name) is not None
 
 
+MAX_EXPRESSION = 64
+"""Characters of a dim read as an expression at most (torch writes ``s16 + s62``)."""
+
+
 def expression_symbols(dim: ir.SymbolicDim,
                        named: Callable[[str], bool]) -> frozenset[str] | None:
     """The symbols of a dim spelled as an expression of other dims (torch's ``s16 + s62``:
@@ -97,8 +101,8 @@ def expression_symbols(dim: ir.SymbolicDim,
     onnx-ir cannot parse, or an expression with a symbol ``named`` refuses (``seq-len`` is
     seq - len only in a model that has dims called ``seq`` and ``len``)."""
     name = dim.value
-    if name is None or name.isidentifier():
-        return None
+    if name is None or name.isidentifier() or len(name) > MAX_EXPRESSION or "**" in name:
+        return None  # a power or a long text is a name: onnx-ir would compute 9**9**9
     try:
         symbols = frozenset(str(s) for s in dim.free_symbols())
     except Exception:  # noqa: BLE001 - a name onnx-ir cannot parse is just a name
