@@ -15,8 +15,9 @@ RotaryEmbedding) is *more* accurate than the float16 chain it replaces.
 The reference is widened (every float32 and float16 tensor, type, cast, constant and float
 output type becomes float64) and run by onnx's reference evaluator, which computes the
 standard ops in numpy at the dtype it is given (onnxruntime's CPU provider has no float64
-Conv). Models with ops of other domains or quantized ops give no float64 run: then the
-float32 (or float16) verdict stands.
+Conv). Models with ops of other domains or quantized ops give no float64 run, nor do models
+the evaluator cannot load or run: then the float32 (or float16) verdict stands, and the
+output's reason says why (``Unavailable``).
 """
 
 from __future__ import annotations
@@ -56,46 +57,69 @@ _DTYPE_ATTRIBUTES: dict[str, tuple[str, bool]] = {
 }
 
 
+class Unavailable(Exception):
+    """Why a model has no float64 run, in one line: validation reports it, and the float32
+    (or float16) verdict stands."""
+
+
 class Float64Run:
     """The model widened to float64 and its evaluator, built on the first sample that needs
     them and kept for the next ones (a model is widened and loaded once per validation)."""
 
     def __init__(self, model: ir.Model | str | Path) -> None:
-        self._model = model
-        self._built = False
+        self._model: ir.Model | str | Path | None = model
         self._evaluator: Any = None
+        self._failure: str | None = None
         self._outputs: list[str] = []
         self._inputs: set[str] = set()
 
     def _build(self) -> None:
-        self._built = True
-        model = self._model
-        self._model = None  # type: ignore[assignment]  # the evaluator holds what it needs
-        if isinstance(model, ir.Model):
-            wide = widened(model)
-        else:  # loaded for this run alone: widened in place, no second copy of the weights
-            wide = widened(ir.load(os.fspath(model)), copy=False)
-        if wide is None:
-            return
+        source, self._model = self._model, None  # the evaluator holds what it needs
+        # A model loaded for this run alone is widened in place: no second copy of the weights.
+        copy = isinstance(source, ir.Model)
+        model = source if isinstance(source, ir.Model) else _load(source)
+        why = unsupported(model)
+        if why is not None:
+            raise Unavailable(why)
+        wide = _widen(model, copy=copy)
         from onnx.reference import ReferenceEvaluator  # imported when a comparison needs it
 
-        self._evaluator = ReferenceEvaluator(ir.to_proto(wide))
+        try:
+            self._evaluator = ReferenceEvaluator(ir.to_proto(wide))
+        except Exception as e:  # noqa: BLE001 - an op the evaluator lacks, a bad conversion
+            raise Unavailable(f"onnx's reference evaluator cannot load it: {_first_line(e)}"
+                              ) from None
         self._outputs = [v.name for v in wide.graph.outputs]
         self._inputs = {v.name for v in wide.graph.inputs}
 
-    def outputs(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray] | None:
-        """The outputs on ``feeds`` (float feeds widened), or None when the model cannot be
-        run that way (other domains, quantized ops, an evaluator error)."""
-        try:
-            if not self._built:
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, Any]:
+        """The outputs on ``feeds`` (float feeds widened) by output name, sequences as lists.
+        Raises :class:`Unavailable` saying why the model cannot be run so."""
+        if self._evaluator is None and self._failure is None:
+            try:
                 self._build()
-            if self._evaluator is None:
-                return None
-            wide_feeds = {k: _widen_array(v) for k, v in feeds.items() if k in self._inputs}
+            except Unavailable as e:
+                self._failure = str(e)
+            except Exception as e:  # noqa: BLE001 - e.g. an external data file gone missing
+                self._failure = f"cannot widen the model: {_first_line(e)}"
+        if self._failure is not None:
+            raise Unavailable(self._failure)
+        wide_feeds = {k: _widen_array(v) for k, v in feeds.items() if k in self._inputs}
+        try:
             results = self._evaluator.run(None, wide_feeds)
-        except Exception:  # noqa: BLE001 - a missing yardstick leaves the float32 verdict alone
+        except Exception as e:  # noqa: BLE001 - an op the evaluator computes differently
+            raise Unavailable(f"onnx's reference evaluator failed: {_first_line(e)}") from None
+        return dict(zip(self._outputs, results, strict=False))
+
+    def outputs(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray] | None:
+        """The tensor outputs on ``feeds`` (float feeds widened), or None when the model
+        cannot be run that way (other domains, quantized ops, an evaluator error)."""
+        try:
+            results = self.run(feeds)
+        except Unavailable:
             return None
-        return {name: np.asarray(r) for name, r in zip(self._outputs, results, strict=False)}
+        return {name: np.asarray(r) for name, r in results.items()
+                if not isinstance(r, (list, tuple, dict))}
 
 
 def float64_outputs(
@@ -107,13 +131,11 @@ def float64_outputs(
 
 def widened(model: ir.Model, *, copy: bool = True) -> ir.Model | None:
     """``model`` (a copy of it unless ``copy=False``) computing in float64 where it computed
-    in float32 or float16; None if some node is outside the standard domain or quantized."""
-    if model.functions:
-        return None  # a function body's types would need the same care; rare in references
-    for graph in model.graphs():
-        for node in graph:
-            if node.domain not in ("", "ai.onnx") or node.op_type in _QUANTIZED_OPS:
-                return None
+    in float32 or float16; None if :func:`unsupported` says why it cannot."""
+    return None if unsupported(model) is not None else _widen(model, copy=copy)
+
+
+def _widen(model: ir.Model, *, copy: bool) -> ir.Model:
     wide = model.clone() if copy else model
     for graph in wide.graphs():
         for value in (*graph.inputs, *graph.initializers.values()):
@@ -125,6 +147,32 @@ def widened(model: ir.Model, *, copy: bool = True) -> ir.Model | None:
         for node in list(graph):
             _keep_float_inputs(graph, node)
     return wide
+
+
+def unsupported(model: ir.Model) -> str | None:
+    """Why ``model`` cannot be widened, in a few words; None if it can."""
+    if model.functions:  # a function body's types would need the same care; rare in references
+        return "the model has local functions"
+    for graph in model.graphs():
+        for node in graph:
+            if node.domain not in ("", "ai.onnx"):
+                return f"{node.domain}.{node.op_type} is not a standard ONNX op"
+            if node.op_type in _QUANTIZED_OPS:
+                return f"quantized op {node.op_type}"
+    return None
+
+
+def _load(path: str | Path) -> ir.Model:
+    try:
+        return ir.load(os.fspath(path))
+    except Exception as e:  # noqa: BLE001 - any loading error is the reason
+        raise Unavailable(f"cannot load the model: {_first_line(e)}") from None
+
+
+def _first_line(error: BaseException, limit: int = 160) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    text = lines[0] if lines else type(error).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _widen_array(array: np.ndarray) -> np.ndarray:

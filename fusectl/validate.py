@@ -271,25 +271,43 @@ class ReferenceRun:
     range_scale: float | None = None
     """Its generated floats are uniform in ``[-range_scale, range_scale)``."""
     compute_dtype: np.dtype | None = None
-    source: ModelSource | None = None
-    """The reference model, for its float64 run (made only when float outputs differ)."""
-    float64_made: dict[int, dict[str, np.ndarray] | None] = field(
-        default_factory=dict, compare=False, repr=False)
-    """float64 outputs per sample once made (None: the model cannot run in float64); filled
-    in place (the dataclass is frozen, its cache is not), so bisection makes them once."""
-    float64_run: list[float64.Float64Run] = field(default_factory=list, compare=False,
-                                                  repr=False)
-    """The widened model and its evaluator, made for the first sample that needs them."""
+    float64_run: Float64Outputs = field(default_factory=lambda: Float64Outputs(None),
+                                        compare=False, repr=False)
+    """The reference's float64 outputs, made only when float outputs differ."""
 
     def float64_outputs(self, sample: int) -> dict[str, np.ndarray] | None:
         """The reference's outputs on sample ``sample`` computed in float64, made once."""
-        if sample not in self.float64_made:
-            if self.source is not None and not self.float64_run:
-                self.float64_run.append(float64.Float64Run(self.source))
-            self.float64_made[sample] = (
-                self.float64_run[0].outputs(self.feed_sets[sample]) if self.float64_run
-                else None)
-        return self.float64_made[sample]
+        made = self.float64_run.get(sample, self.feed_sets[sample])
+        return None if isinstance(made, str) else made
+
+
+@dataclass(eq=False)
+class Float64Outputs:
+    """The reference's outputs in float64 per sample, or why there are none. Filled in place
+    (the ReferenceRun holding it is frozen, this cache is not), so bisection makes them once;
+    ``run`` widens and loads the model on the first sample that needs it."""
+
+    run: float64.Float64Run | None
+    made: dict[int, dict[str, np.ndarray] | str] = field(default_factory=dict)
+
+    def get(self, sample: int, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray] | str:
+        """Sample ``sample``'s outputs on ``feeds``, named as onnxruntime's are, or the reason
+        there are none."""
+        if sample not in self.made:
+            self.made[sample] = self._make(feeds)
+        return self.made[sample]
+
+    def _make(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray] | str:
+        if self.run is None:
+            return "the reference model is not known"
+        try:
+            results = self.run.run(feeds)
+        except float64.Unavailable as e:
+            return str(e)
+        flat: dict[str, np.ndarray] = {}
+        for name, value in results.items():
+            _flatten(name, value, flat)  # a sequence output is compared element by element
+        return flat
 
 
 # --------------------------------------------------------------------------- input files
@@ -432,7 +450,8 @@ def generate_inputs(
     See the module docstring for how values and dims are chosen; ``float_range`` replaces
     the default ``[-1, 1)`` of generated floats (not masks, not ``input_ranges``). Initializers
     listed among the graph inputs (old models) are not fed. Raises BadInputError for a user
-    array of the wrong dtype/rank/shape, an unknown name, or an input that cannot be generated.
+    array of the wrong dtype/rank/shape or all NaN, an unknown name, or an input that cannot
+    be generated.
     """
     options = options or ValidationOptions()
     runtime_inputs = _runtime_inputs(model)
@@ -570,7 +589,16 @@ def _check_provided(value: ir.Value, arr: Any, dims: Mapping[str, int]) -> np.nd
                 f"input {name!r}: dim {dim.value}={dims[dim.value]} was requested, but the "
                 f"given array has {size} on axis {axis}"
             )
+    if (dtype.is_floating_point() or _is_complex(dtype)) and _all_nan(arr):
+        raise BadInputError(f"input {name!r} is all NaN; validation would compare nothing")
     return arr
+
+
+def _all_nan(arr: np.ndarray) -> bool:
+    """Whether every value is NaN: then so is every output that depends on it, and NaN facing
+    NaN passes, so a validation on it would pass without comparing a number."""
+    values = arr if _numpy_native(arr.dtype) else arr.astype(np.float64)  # ml_dtypes
+    return bool(values.size) and bool(np.isnan(values).all())
 
 
 MAX_GENERATED_ELEMENTS = 1 << 31
@@ -1111,7 +1139,8 @@ def _against_float64(
 ) -> list[OutputComparison]:
     """Float32 and float16 outputs that failed, judged again against the reference's float64
     run (``_rejudge``, with the tolerances they failed); NaN/Inf positions and every other
-    kind of failure stand."""
+    kind of failure stand. Without a float64 value the reason says why, so a failure the
+    float64 run might have excused is never silently kept."""
     expected = reference.outputs[sample]
     redo = [
         i for i, c in enumerate(comparisons)
@@ -1123,17 +1152,28 @@ def _against_float64(
     ]
     if not redo:
         return comparisons
-    truth = reference.float64_outputs(sample)
-    if truth is None:
-        return comparisons
+    truth = reference.float64_run.get(sample, reference.feed_sets[sample])
     judged = list(comparisons)
     for i in redo:
         name = judged[i].name
-        if name in truth and np.shape(truth[name]) == np.shape(expected[name]):
-            judge = _Judge.of(np.asarray(expected[name]).dtype, options.rtol, options.atol,
-                              reference.compute_dtype)
-            judged[i] = _rejudge(judged[i], expected[name], candidate[name], truth[name], judge)
+        exact = None if isinstance(truth, str) else truth.get(name)
+        why = truth if isinstance(truth, str) else _float64_missing(exact, expected[name])
+        if exact is None or why is not None:
+            judged[i] = replace(judged[i], reason=f"{judged[i].reason}; no float64 run: {why}")
+            continue
+        judge = _Judge.of(np.asarray(expected[name]).dtype, options.rtol, options.atol,
+                          reference.compute_dtype)
+        judged[i] = _rejudge(judged[i], expected[name], candidate[name], exact, judge)
     return judged
+
+
+def _float64_missing(truth: np.ndarray | None, expected: np.ndarray) -> str | None:
+    """Why the float64 run has no value to judge this output by, if it has none."""
+    if truth is None:
+        return "the float64 run has no such output"
+    if np.shape(truth) != np.shape(expected):
+        return f"its float64 value has shape {list(np.shape(truth))}"
+    return None
 
 
 def _rejudge(comparison: OutputComparison, ref: np.ndarray, cand: np.ndarray,
@@ -1365,7 +1405,7 @@ def run_reference(
         range_sample=range_sample,
         range_scale=range_scale,
         compute_dtype=compute,
-        source=reference,
+        float64_run=Float64Outputs(float64.Float64Run(reference)),
     )
 
 

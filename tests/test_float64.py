@@ -126,7 +126,7 @@ def test_passing_outputs_never_make_the_float64_run():
     reference = v.run_reference(CANCELLING, v.ValidationOptions())
     result = v.check_candidate(reference, CANCELLING)
     assert result.passed and only(result).float64_floor is None
-    assert reference.float64_made == {}  # not computed: nothing failed
+    assert reference.float64_run.made == {}  # not computed: nothing failed
 
 
 def test_contrib_and_quantized_models_have_no_float64_run():
@@ -139,6 +139,87 @@ g (float[4] x) => (float[4] y) <float s = {0.5}, uint8 z = {0}>
 """)
     assert float64.widened(contrib) is None and float64.widened(quantized) is None
     assert float64.float64_outputs(contrib, {"x": np.ones(4, np.float32)}) is None
+    assert float64.unsupported(contrib) == "com.microsoft.Gelu is not a standard ONNX op"
+    assert float64.unsupported(quantized) == "quantized op QuantizeLinear"
+    with pytest.raises(float64.Unavailable, match="^quantized op QuantizeLinear$"):
+        float64.Float64Run(quantized).run({"x": np.ones(4, np.float32)})
+
+
+def test_a_failure_without_a_float64_run_says_why():
+    """A contrib op keeps the float32 verdict, and the output's reason (what the report prints
+    and the JSON holds) says in one line why no float64 run judged it again."""
+    header = '<ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>'
+    reference = model("""
+g (float[64, 32] x) => (float[64, 32] y) <float big = {10000.0}>
+{ a = Add(x, big)  s = Sub(a, big)  y = com.microsoft.Gelu(s) }
+""", header)
+    exact = model("g (float[64, 32] x) => (float[64, 32] y) { y = com.microsoft.Gelu(x) }",
+                  header)
+    result = v.validate(reference, exact)
+    out = only(result)
+    assert not result.passed and out.float64_floor is None
+    assert out.reason.endswith(
+        "out of tolerance; no float64 run: com.microsoft.Gelu is not a standard ONNX op")
+    assert "\n" not in out.reason
+
+
+def test_sequence_outputs_are_judged_in_float64_element_by_element():
+    """A sequence output of tensors of different lengths (onnxruntime's ``y[0]``, ``y[1]``)
+    is matched with the float64 run's elements instead of breaking validation."""
+    reference = model("""
+g (float[64, 32] x) => (seq(float[?, 32]) y) <float big = {10000.0}, int64[2] sp = {40, 24}>
+{ a = Add(x, big)  s = Sub(a, big)  y = SplitToSequence<axis=0>(s, sp) }
+""")
+    exact = model("""
+g (float[64, 32] x) => (seq(float[?, 32]) y) <int64[2] sp = {40, 24}>
+{ y = SplitToSequence<axis=0>(x, sp) }
+""")
+    result = v.validate(reference, exact)
+    assert [o.name for o in result.outputs] == ["y[0]", "y[1]"]
+    assert result.passed and all(o.float64_floor is not None for o in result.outputs)
+
+
+def cancelling_with_external_data(path) -> None:
+    """CANCELLING, then a Gather of every column by int64 indices, every tensor in ``w.bin``."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes = [helper.make_node("Add", ["x", "big"], ["a"]),
+             helper.make_node("Sub", ["a", "big"], ["s"]),
+             helper.make_node("Gather", ["s", "columns"], ["y"], axis=1)]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 32])],
+        [numpy_helper.from_array(np.array([1e4], np.float32), "big"),
+         numpy_helper.from_array(np.arange(32, dtype=np.int64), "columns")])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                              ir_version=8)
+    onnx.save_model(proto, path, save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="w.bin", size_threshold=0)
+    stored = onnx.load(path, load_external_data=False).graph.initializer
+    assert all(t.data_location == TensorProto.EXTERNAL for t in stored)
+
+
+def test_a_model_with_external_data_is_judged_in_float64(tmp_path, monkeypatch):
+    """Its float and int64 weights are read from the data file into the one proto the
+    evaluator gets; the exact candidate then passes on the reference's own rounding."""
+    path = tmp_path / "model.onnx"
+    cancelling_with_external_data(path)
+    monkeypatch.chdir(tmp_path.parent)  # the data file is found beside the model, not here
+    result = v.validate(path, shifted(0.0))
+    out = only(result)
+    assert result.passed, out.reason
+    assert out.float64_floor is not None and 3e-4 < out.float64_floor < 1e-3
+
+
+def test_external_data_that_cannot_be_read_is_the_reason(tmp_path):
+    path = tmp_path / "model.onnx"
+    cancelling_with_external_data(path)
+    reference = v.run_reference(path, v.ValidationOptions())
+    (tmp_path / "w.bin").unlink()  # the float64 run reads the weights only when needed
+    out = only(v.check_candidate(reference, shifted(0.0)))
+    assert not out.passed and out.float64_floor is None
+    assert "; no float64 run: cannot widen the model: " in out.reason
+    assert "\n" not in out.reason
 
 
 def test_widening_keeps_resize_scales_and_integer_tensors():
@@ -194,6 +275,7 @@ g (float[1, 1, 2, 2] x) => (float[1, 1, 4, 4] y)
 """, '<ir_version: 6, opset_import: ["" : 10]>')
     wide = float64.widened(m)
     assert wide is not None and wide.graph.node(1).inputs[1].type.dtype == ir.DataType.FLOAT
+    onnx.checker.check_model(ir.to_proto(wide), full_check=True)  # scales must be float32
 
 
 def test_a_model_given_as_a_path_runs_in_float64_and_the_file_is_untouched(tmp_path):

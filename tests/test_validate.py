@@ -329,6 +329,41 @@ def test_user_inputs_wrong_dtype_rank_or_name_raise():
         v.generate_inputs(m, v.ValidationOptions(inputs={"z": np.zeros((1, 3), np.float32)}))
 
 
+def test_an_all_nan_user_input_is_refused():
+    """NaN facing NaN passes, so on an all-NaN input every output would agree without a
+    number compared; a NaN among numbers, or an empty input, is a legitimate input."""
+    m = model("g (float[N, 3] x) => (float[N, 3] y) { y = Identity(x) }")
+    nan = np.full((2, 3), np.nan, np.float32)
+    message = "^input 'x' is all NaN; validation would compare nothing$"
+    with pytest.raises(BadInputError, match=message):
+        v.validate(m, m, v.ValidationOptions(inputs={"x": nan}))
+    brain = model("g (bfloat16[2] x) => (bfloat16[2] y) { y = Identity(x) }")
+    with pytest.raises(BadInputError, match=message):
+        v.generate_inputs(brain, v.ValidationOptions(
+            inputs={"x": np.full(2, np.nan, ml_dtypes.bfloat16)}))
+    some = nan.copy()
+    some[0, 0] = 1.0
+    assert v.validate(m, m, v.ValidationOptions(inputs={"x": some})).passed
+    empty = np.zeros((0, 3), np.float32)
+    assert v.generate_inputs(m, v.ValidationOptions(inputs={"x": empty}))["x"].size == 0
+
+
+def test_cli_exits_2_on_all_nan_inputs(capsys, tmp_path):
+    """A CI gate must not pass vacuously: bad input, one line, no model written."""
+    from fusectl.cli import main
+
+    path = tmp_path / "m.onnx"
+    ir.save(add_const("0.0, 1.0, 2.0"), path)
+    np.savez(tmp_path / "nan.npz", x=np.full((4, 3), np.nan, np.float32))
+    written = tmp_path / "o.onnx"
+    code = main(["optimize", str(path), "--inputs", str(tmp_path / "nan.npz"), "-o",
+                 str(written)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.strip() == "error: input 'x' is all NaN; validation would compare nothing"
+    assert not written.exists()
+
+
 def test_load_input_files(tmp_path):
     a = np.arange(4, dtype=np.int64)
     b = np.ones((2, 2), np.float32)
