@@ -522,7 +522,21 @@ def _spell_product(number: int, names: list[str]) -> int | str:
         return number
     if number == 0:
         return 0
-    return "*".join(([str(number)] if number != 1 else []) + sorted(names))
+    factors = ([str(number)] if number != 1 else []) + sorted(names)
+    if len(factors) == 1:
+        return factors[0]
+    return "*".join(f"({f})" if _has_operator(f) else f for f in factors)
+
+
+def _has_operator(name: str) -> bool:
+    """Whether a dim's name needs parentheses as a factor: an operator outside any
+    (``s0 + s1``: 2*s0 + s1 would be another size; ``Min(64, s)`` and ``(a//b)`` are one)."""
+    depth = 0
+    for char in name:
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if depth < 0 or (depth == 0 and char in "+-*/%"):
+            return True
+    return depth != 0
 
 
 def _fn_is_static(dims: Any) -> bool:
@@ -695,12 +709,20 @@ def _fn_transposed_shape(perm: Any, value: Any) -> np.ndarray:
     dims = _shape_of(value)
     if len(dims) != len(order):
         raise NoMatch("perm and rank differ")
-    out = [dims[axis] for axis in order]
-    if sum(1 for d in out if not isinstance(d, int)) > 1:
+    return _fn_as_target([dims[axis] for axis in order])
+
+
+def _fn_as_target(*parts: Any) -> np.ndarray:
+    """The dims ``parts`` spell one after another as a Reshape target valid for any input
+    with as many elements: static dims as they are, one symbolic dim as -1. No match for a
+    second symbolic dim or a dim of size 0 (a 0 in a Reshape target copies a dim)."""
+    out = [d for part in parts for d in part]
+    if sum(1 for d in out if not isinstance(d, (int, np.integer))) > 1:
         raise NoMatch("more than one symbolic dim")
     if 0 in out:
         raise NoMatch("a dim of size 0")
-    return np.asarray([d if isinstance(d, int) else -1 for d in out], dtype=np.int64)
+    return np.asarray([d if isinstance(d, (int, np.integer)) else -1 for d in out],
+                      dtype=np.int64)
 
 
 def _fn_unit_reshape_moved(perm: Any, x: Any, z: Any) -> list[Any]:
@@ -1328,6 +1350,7 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     "fill_reshape_zeros": _fn_fill_reshape_zeros,
     "moves_unit_dims_only": _fn_moves_unit_dims_only,
     "transposed_shape": _fn_transposed_shape,
+    "as_target": _fn_as_target,
     "unit_reshape_moved": _fn_unit_reshape_moved,
     "unmerged_perm": _fn_unmerged_perm,
     "is_noop_reshape": _fn_is_noop_reshape,

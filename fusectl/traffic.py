@@ -1161,6 +1161,21 @@ def _check_dims(dims: Mapping[str, int] | None) -> Mapping[str, int]:
     return dims
 
 
+def _check_bindings(dims: Mapping[str, int], named: frozenset[str]) -> Mapping[str, int]:
+    """Refuse binding a dim the model computes from others (dynamo's ``s16 + s62``, of its
+    inputs' dims or of other bound ones): the traffic model and the generated inputs would
+    take the binding, the dims it is made of their own values, and the two may disagree."""
+    for name in dims:
+        symbols = expression_symbols(ir.SymbolicDim(name), lambda s: s in named or s in dims)
+        if symbols is None:
+            continue
+        if not symbols:
+            raise BadInputError(f"dimension {name!r} is a number, not a name to bind")
+        raise BadInputError(f"dimension {name!r} is computed from "
+                            f"{' and '.join(sorted(symbols))}: bind those instead")
+    return dims
+
+
 def _check_conv_algo(conv_algo: str) -> str:
     if conv_algo not in CONV_ALGOS:
         raise BadInputError(
@@ -1397,8 +1412,9 @@ def measure(
     convolution.  Linear in graph size; never reads tensor data.
     """
     graph = model.graph
-    ctx = _Ctx(_check_dims(dims), model.functions, _check_conv_algo(conv_algo), bound,
-               input_dim_names(graph))
+    named = input_dim_names(graph)
+    ctx = _Ctx(_check_bindings(_check_dims(dims), named), model.functions,
+               _check_conv_algo(conv_algo), bound, named)
     constants = constant_values(graph, legacy_inputs=model.ir_version < _LEGACY_IR_VERSION)
     is_const = constants.__contains__
     results: list[NodeTraffic] = []

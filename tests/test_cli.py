@@ -244,6 +244,42 @@ def test_verbose_lists_skipped_rules_refusals_and_top_nodes(capsys, samples: Pat
     assert "Top nodes by traffic" in out
 
 
+def _past_and_new_tokens(path: Path) -> Path:
+    """dynamo's shapes of a decoder step: the mask is as long as the past and the new
+    tokens (``s16 + s62``); ``seq-len`` is a name (no input dims seq and len)."""
+    from onnx import helper
+
+    tensor = onnx.TensorProto.FLOAT
+    graph = helper.make_graph(
+        [helper.make_node("Concat", ["past", "new"], ["joined"], axis=1),
+         helper.make_node("Mul", ["joined", "mask"], ["y"]),
+         helper.make_node("Relu", ["h"], ["z"])], "g",
+        [helper.make_tensor_value_info("past", tensor, ["B", "s16"]),
+         helper.make_tensor_value_info("new", tensor, ["B", "s62"]),
+         helper.make_tensor_value_info("mask", tensor, ["B", "s16 + s62"]),
+         helper.make_tensor_value_info("h", tensor, ["B", "seq-len"])],
+        [helper.make_tensor_value_info("y", tensor, ["B", "s16 + s62"]),
+         helper.make_tensor_value_info("z", tensor, ["B", "seq-len"])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                                ir_version=8), path)
+    return path
+
+
+def test_dim_computed_from_other_dims_cannot_be_bound(capfd, tmp_path: Path):
+    """--dim 's16 + s62=5' beside s16 = 3 and s62 = 4 would generate a mask of 5 for 7
+    tokens: refused in one line naming the dims to bind; those, and a hyphenated name,
+    are bound."""
+    path = _past_and_new_tokens(tmp_path / "step.onnx")
+    for command in (["optimize", path, "--check-only"], ["report", path]):
+        code, _, err = run(capfd, *command, "--dim", "s16 + s62=5", "--dim", "s16=3")
+        assert code == 2
+        assert err.strip() == ("error: dimension 's16 + s62' is computed from s16 and s62: "
+                               "bind those instead"), err
+    code, _, err = run(capfd, "optimize", path, "--check-only", "--dim", "s16=3",
+                       "--dim", "s62=4", "--dim", "seq-len=2")
+    assert code == 0, err
+
+
 def test_reference_failing_on_generated_dims_says_which_and_how(capfd, tmp_path: Path):
     """A model that needs W = 32 fails on the generated 8: one line that names the generated
     shapes and --dim, no onnxruntime log line before it (capfd: onnxruntime writes to the

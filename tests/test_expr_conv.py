@@ -15,7 +15,7 @@ import pytest
 from values import const as _const
 
 from fusectl import expr
-from fusectl.expr import NoMatch, parse
+from fusectl.expr import NoMatch, parse, symbolic_quotient
 
 F = expr.FUNCTIONS
 RNG = np.random.default_rng(7)
@@ -236,6 +236,18 @@ def test_prod_of_symbolic_dims_is_spelled_as_shape_spells_a_product_dim() -> Non
     assert F["prod"](["batch", "len"]) != F["shape"](merged)[0]
     assert F["prod"](["s0", 2]) == F["shape"](merged)[1]
     assert F["prod"](["((a*b)//c)", 2]) == "2*((a*b)//c)"  # opaque, never split
+
+
+def test_a_factor_with_an_operator_is_parenthesized() -> None:
+    """dynamo names a dim ``s0 + s1`` (new tokens + past ones): twice it is 2*(s0 + s1),
+    not 2*s0 + s1; a call or a parenthesized name is one factor as it is."""
+    assert F["prod"]([2, "s0 + s1"]) == "2*(s0 + s1)"
+    assert F["prod"](["s0 - 1", "b"]) == "b*(s0 - 1)"
+    assert F["prod"](["seq-len", 4]) == "4*(seq-len)"
+    assert F["prod"](["a//b", "c"]) == "(a//b)*c"
+    assert F["prod"](["s0 + s1"]) == "s0 + s1"  # alone, the name as it is
+    assert F["prod"](["Min(64, s50)", 2]) == "2*Min(64, s50)"
+    assert symbolic_quotient([4, "s0 + s1", "b"], [2, "b"]) == "2*(s0 + s1)"
 
 
 # ---------------------------------------------------------- through the expression language

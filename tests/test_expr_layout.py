@@ -25,7 +25,7 @@ LAYOUT_FUNCTIONS = [
     "norm_axes", "permute_axes", "reduced_perm", "fill_reshape_zeros", "moves_unit_dims_only",
     "transposed_shape", "is_noop_reshape", "squeezed_axes", "merge_unsqueeze_axes",
     "merge_squeeze_axes", "itemsize", "lift_rank", "slice_range", "tiling_sizes", "num_uses",
-    "transpose_ahead", "unmerged_perm", "unit_reshape_moved",
+    "transpose_ahead", "unmerged_perm", "unit_reshape_moved", "as_target",
 ]
 
 
@@ -182,6 +182,16 @@ def test_transposed_shape_symbolic() -> None:
         fn("transposed_shape")([1, 0, 2], _dynamic("y", [0, 1, 6]))
     with pytest.raises(NoMatch):
         fn("moves_unit_dims_only")([1, 0], value)
+
+
+def test_as_target_spells_dims_one_after_another() -> None:
+    """BLOOM's [B*H,1,L] bias unfolded to x's leading dims: static dims, one symbolic as -1."""
+    assert fn("as_target")((2, 4), (1, 16)).tolist() == [2, 4, 1, 16]
+    assert fn("as_target")(("B", 4), (1, 16)).tolist() == [-1, 4, 1, 16]
+    with pytest.raises(NoMatch, match="more than one"):
+        fn("as_target")(("B", 4), (1, "L"))
+    with pytest.raises(NoMatch, match="size 0"):
+        fn("as_target")((2, 0), (1, 16))
 
 
 @pytest.mark.parametrize(("dims", "lead", "perm"), [

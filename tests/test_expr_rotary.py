@@ -66,6 +66,50 @@ def test_constant_tables_are_checked_by_value() -> None:
     assert not repeats_halves(values["gl"])  # gathered along the last axis: columns move
 
 
+# emb [8,8] and e3 [4,2,8] repeat halves; head and flat are graph outputs whose declared
+# [8,8] is wrong (nothing checks it): head and head1 are emb[:, :4] (f itself), flat is
+# [64,1]
+ROWS = """g (float[8,4] f, float[4,2,4] g)
+    => (float[8,8] head, float[8,8] head1, float[8,8] flat)
+    <int64[1] zero = {0}, int64[1] one = {1}, int64[1] four = {4}, int64[1] last = {-1}>
+    {
+      emb = Concat<axis=-1>(f, f)  moved = Transpose<perm=[1,0]>(emb)
+      head = Slice(emb, zero, four, last)  head1 = Slice(emb, zero, four, one)
+      rows = Slice(emb, zero, four, zero)
+      e3 = Concat<axis=-1>(g, g)  kept = Transpose<perm=[1,0,2]>(e3)
+      flat = Flatten<axis=3>(e3)  flat2 = Flatten<axis=2>(e3)
+    }"""
+
+
+@pytest.mark.parametrize("name", ["emb", "rows", "e3", "kept", "flat2"])
+def test_ops_moving_whole_rows_keep_the_halves(name: str) -> None:
+    assert repeats_halves(_values(ROWS)[name])
+
+
+def test_a_square_table_transposed_is_not_proven() -> None:
+    """[8,8] both ways: the last dims agree, but the columns of the twins became rows."""
+    values = _values(ROWS)
+    assert values["moved"].shape == values["emb"].shape
+    assert not repeats_halves(values["moved"])
+    f = np.arange(32.0).reshape(8, 4)
+    table = np.concatenate([f, f], axis=-1).T
+    assert not np.array_equal(table[:, :4], table[:, 4:])
+
+
+@pytest.mark.parametrize("name", [
+    "head",  # a Slice along the last axis: its first half, not the table
+    "head1",  # the same axis counted from the front
+    "flat",  # a Flatten at axis = rank: one column
+])
+def test_a_slice_or_flatten_of_the_last_axis_is_not_proven(name: str) -> None:
+    """With truthful dims neither can keep the last dim and change it (a same-length Slice
+    takes it whole or reversed, a Flatten at the rank leaves a dim of 1); here the declared
+    dims say it is kept, and only the check of the op itself refuses."""
+    values = _values(ROWS)
+    assert values[name].shape[-1] == values["emb"].shape[-1] == 8
+    assert not repeats_halves(values[name])
+
+
 def test_long_chains_give_up() -> None:
     chain = "  ".join(f"a{i + 1} = Cos(a{i})" for i in range(MAX_NODES + 2))
     values = _values(f"""g (float[2,4] f) => (float[2,8] a{MAX_NODES + 2})

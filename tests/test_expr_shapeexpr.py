@@ -15,7 +15,13 @@ import pytest
 
 from fusectl import expr
 from fusectl.expr import NoMatch
-from fusectl.shapeexpr import MAX_SHAPE_NODES, runtime_shape_target
+from fusectl.shapeexpr import (
+    MAX_SHAPE_NODES,
+    Named,
+    dim_name,
+    runtime_shape_target,
+    shape_entries,
+)
 
 
 def _target(body: str, inputs: str = "float[N,3,4,5] x", consts: str = "", opset: int = 13,
@@ -386,3 +392,64 @@ def test_same_output_on_onnxruntime(opset: int, inputs: str, body: str, consts: 
                for m in (proto, folded)]
     assert outputs[0].shape == outputs[1].shape
     np.testing.assert_array_equal(outputs[0], outputs[1])
+
+
+# ------------------------------------------------------------ dims that say nothing
+
+
+def _reshape_of(text: str) -> ir.Node:
+    model = ir.from_proto(onnx.parser.parse_model(text))
+    return next(n for n in model.graph if n.op_type == "Reshape")
+
+
+DECLARED_OUTPUT = """
+    <ir_version: 8, opset_import: ["" : 13]>
+    g (float[N,6] x) => (float[{dims}] y, float[?] z)
+    {{ y = Relu(x)  t = Shape(y)  z = Reshape(x, t) }}
+"""
+
+
+@pytest.mark.parametrize("dims", ["2,6", "B,6"])
+def test_a_graph_outputs_declared_dims_are_not_read(dims: str) -> None:
+    """y = Relu(x) is [N,6] at run time whatever its declaration says (onnxruntime does not
+    check it): read as [2,6], the target would be a constant that fails for any N but 2;
+    read as [B,6], B would pass for a name of y's first dim."""
+    reshape = _reshape_of(DECLARED_OUTPUT.format(dims=dims))
+    assert shape_entries(reshape.inputs[1]) == (None, None)
+    assert shape_entries(reshape.inputs[1], reshape.inputs[0]) == (None, None)
+    with pytest.raises(NoMatch, match="more than one"):
+        runtime_shape_target(reshape.inputs[1], reshape.inputs[0], 0)
+
+
+def test_a_graph_outputs_declared_dims_are_wrong_on_onnxruntime() -> None:
+    """What the test above guards against: the declared [2,6] is not y's run-time shape."""
+    ort = pytest.importorskip("onnxruntime")
+    proto = onnx.parser.parse_model(DECLARED_OUTPUT.format(dims="2,6"))
+    options = ort.SessionOptions()  # onnxruntime's own folding of Shape trusts [2,6] too
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 3  # its warning that the declared shape does not merge
+    session = ort.InferenceSession(proto.SerializeToString(), options,
+                                   providers=["CPUExecutionProvider"])
+    y, z = session.run(None, {"x": np.ones((3, 6), dtype=np.float32)})
+    assert y.shape == z.shape == (3, 6)
+
+
+MINTED = """
+    <ir_version: 8, opset_import: ["" : 13]>
+    g (float[N,6] x, float[M,6] h) => (float[?] z)
+    <int64[1] i0 = {0}, int64[1] c = {6}>
+    { v = Relu(h)  s = Shape(v)  d = Gather(s, i0)  t = Concat<axis=0>(d, c)
+       z = Reshape(x, t) }
+"""
+
+
+def test_a_minted_symbol_is_no_named_dim() -> None:
+    """onnx's inference mints ``unk__3`` for a dim it cannot compute: a fresh symbol, which
+    another inference (another pass, another model) may give to a dim of another size, so
+    it names nothing; ``M``, a name the model gave, does."""
+    reshape = _reshape_of(MINTED)
+    values = {out.name: out for node in reshape.graph for out in node.outputs}
+    for dim, entry in (("unk__3", None), ("M", Named("M"))):
+        values["v"].shape = ir.Shape([dim, 6])
+        assert shape_entries(values["t"]) == (entry, 6)
+        assert dim_name(values["d"]) == (None if entry is None else "M")

@@ -17,6 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import fusectl
 from fusectl import compile as compile_module
+from fusectl import traffic
 from fusectl.compile import compile_rules
 from fusectl.modelio import from_proto
 from fusectl.prepare import prepare
@@ -221,3 +222,72 @@ def test_readers_are_typed_after_an_application() -> None:
     assert [n.op_type for n in incremental.graph] == ["Reshape", "Gemm"]
     result = fusectl.optimize(ir.serde.deserialize_model(proto))
     assert result.passed, result.validation
+
+
+# ------------------------------------------------------------- the loop's byte counts
+
+
+METERED = """
+version: 1
+rules:
+  - id: neg-to-sub
+    summary: -c is 0 - c
+    match:
+      - z = Neg(c)
+    let:
+      zero: float32(0.0)
+    replace:
+      - z = Sub(zero, c)
+    tests: []
+  - id: double-to-sum
+    summary: a * 2 is a + a
+    match:
+      - z = Mul(a, two)
+    where:
+      - expr: is_const(two) and allclose(two, 2, 0, 0)
+    replace:
+      - z = Add(a, a)
+    tests: []
+  - id: negated-relu-to-min
+    summary: 0 - relu(b) is min(0 - b, 0)
+    match:
+      - z = Sub(zero, Relu(b))
+    where:
+      - expr: is_const(zero) and not any(zero)
+    replace:
+      - z = Min(Sub(zero, b), zero)
+    tests: []
+"""
+
+
+def test_bytes_of_a_value_typed_after_an_application_are_counted() -> None:
+    """neg-to-sub costs the Neg while c is untyped (unknown: 0 bytes); double-to-sum then
+    types the Relu writing c (a reader of its new Add); negated-relu-to-min must count c's
+    write and read (4*8 floats each) in its bytes before, not what the meter had cached."""
+    model = ir.from_proto(onnx.parser.parse_model("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[4,8] x) => (float[4,8] z)
+        <float two = {2.0}>
+        { b = Mul(x, two)  c = Relu(b)  z = Neg(c) }"""))
+    result = apply_rules(model, compile_rules(load_rule_text(METERED)))
+    assert [(a.rule_id, a.bytes_before) for a in result.applications] == [
+        ("neg-to-sub", 128),  # c unknown, z: 128 bytes
+        ("double-to-sum", 128 + 4),  # x and the scalar 2; b untyped
+        ("negated-relu-to-min", 128 * 4 + 4),  # Relu: b and c; Sub: c, z and the zero
+    ]
+
+
+def test_the_loop_reads_dim_expressions_as_the_report_does() -> None:
+    """``seq-len`` is a name (1) in a model with no input dim ``len``, not seq - len = 7;
+    ``seq+past`` is an expression of input dims (8 + 1): the bytes before of each
+    application are those of the traffic report."""
+    text = """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[seq] a, float[past] p, float["seq-len"] x, float["seq+past"] u)
+        => (float["seq-len"] y, float["seq+past"] v) { y = Neg(x)  v = Neg(u) }"""
+    dims = {"seq": 8}
+    report = traffic.measure(ir.from_proto(onnx.parser.parse_model(text)), dims=dims)
+    model = ir.from_proto(onnx.parser.parse_model(text))
+    result = apply_rules(model, compile_rules(load_rule_text(METERED)), dims=dims)
+    assert [a.bytes_before for a in result.applications] == [2 * 4 * 1, 2 * 4 * 9]
+    assert [n.bytes_total for n in report.nodes] == [2 * 4 * 1, 2 * 4 * 9]

@@ -515,6 +515,18 @@ def test_a_hyphenated_dim_name_is_a_name_not_a_difference() -> None:
     assert six.bytes_read == 24 and not minted.known
 
 
+def test_an_expression_of_a_minted_input_dim_is_unknown_unless_bound() -> None:
+    """A model saved after onnx's inference may name an input dim ``unk__4``: a dim of the
+    inputs, so ``unk__4*2`` is an expression of them, but of a size nobody knows (not the 1
+    an unbound name counts as) until it is bound."""
+    model = load('''<ir_version: 8, opset_import: ["" : 17]>
+        g (float[unk__4] a, float["unk__4*2"] m) => (float["unk__4*2"] n) { n = Relu(m) }''',
+        infer=False)
+    assert not measure(model).nodes[0].known
+    bound = measure(model, dims={"unk__4": 3}).nodes[0]
+    assert bound.known and bound.bytes_read == 4 * 6
+
+
 def test_shape_inference_placeholder_dims_are_unknown_unless_bound() -> None:
     x = ir.Value(name="x", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape(["unk__0", 4]))
     node = ir.Node("", "Relu", [x], num_outputs=1)
@@ -537,6 +549,20 @@ def test_bad_dims_are_rejected() -> None:
     model = load(f"{HEADER} g (float[N] x) => (float[N] y) {{ y = Relu(x) }}")
     with pytest.raises(BadInputError):
         measure(model, dims={"N": -1})
+
+
+def test_a_dim_computed_from_other_dims_is_not_bound() -> None:
+    """A binding of ``s0 + s1`` could contradict s0's and s1's, and ``seq-len`` is seq - len
+    once seq and len are bound; ``seq-len`` alone and ``a+b`` of no known dims are names."""
+    model = load('''<ir_version: 8, opset_import: ["" : 17]>
+        g (float[s0] a, float[s1] b, float["s0 + s1"] m, float["seq-len"] h)
+        => (float["s0 + s1"] y) { y = Relu(m) }''', infer=False)
+    for dims, problem in (({"s0 + s1": 5}, "computed from s0 and s1"),
+                          ({"2*3": 6}, "a number"),
+                          ({"seq": 4, "len": 1, "seq-len": 3}, "computed from len and seq")):
+        with pytest.raises(BadInputError, match=problem):
+            measure(model, dims=dims)
+    assert measure(model, dims={"seq-len": 3, "a+b": 2, "s0": 2}).nodes[0].bytes_read == 4 * 3
 
 
 # --------------------------------------------------------------------- fused kernels
