@@ -379,6 +379,14 @@ def _fold(model: ir.Model) -> bool:
     folder_log = logging.getLogger("onnxscript.optimizer._constant_folding")
     level = folder_log.level
     folder_log.setLevel(logging.ERROR)
+    # The folder turns Shape/Size of a statically shaped value into a constant; a graph
+    # output's dims may be only declared (an exporter may declare them wrongly, onnxruntime
+    # never checks), so the folder does not see them.
+    hidden = [(value, value.shape) for value in model.graph.outputs
+              if value.shape is not None and any(
+                  use.node.op_type in ("Shape", "Size") for use in value.uses())]
+    for value, _ in hidden:
+        value.shape = None
     try:
         return fold_constants(
             model,
@@ -391,6 +399,8 @@ def _fold(model: ir.Model) -> bool:
         return True  # maybe modified: shapes are inferred again
     finally:
         folder_log.setLevel(level)
+        for value, shape in hidden:
+            value.shape = shape
 
 
 def tidy(model: ir.Model, created: Collection[str] = ()) -> None:

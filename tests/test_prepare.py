@@ -282,3 +282,23 @@ def test_dim_made_static_by_the_rewrite_folds_in_tidy() -> None:
     result = fusectl.optimize(ir.serde.deserialize_model(model))
     assert result.passed, result.validation
     assert dict(result.ops_after) == {"Reshape": 1, "Add": 1}
+
+
+def test_shape_of_a_graph_output_declared_static_is_not_folded() -> None:
+    """y is [N,6] at run time whatever its declaration [2,6] says (onnxruntime does not check
+    it): onnxscript's folder read the declaration and made Reshape(x, [2,6]), which fails for
+    any N but 2."""
+    model = onnx.parser.parse_model("""
+        <ir_version: 8, opset_import: ["" : 13]>
+        g (float[N,6] x) => (float[2,6] y, float[?] z)
+        { y = Relu(x)  t = Shape(y)  z = Reshape(x, t) }
+    """)
+    working = ir.serde.deserialize_model(model)
+    prepare(working)
+    assert "Shape" in _ops(working)
+    options = ort.SessionOptions()  # onnxruntime's own folding trusts the declaration too
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 3  # its warning that the declared shape does not merge
+    session = ort.InferenceSession(ir.serde.serialize_model(working).SerializeToString(),
+                                   options, providers=["CPUExecutionProvider"])
+    assert session.run(None, {"x": np.ones((3, 6), np.float32)})[1].shape == (3, 6)
