@@ -160,11 +160,12 @@ def apply_rules(
     def commit(rewrite: Rewrite, graph: ir.Graph, pass_number: int) -> None:
         """Apply, record it, and remember where the graph changed and what ops it has."""
         read = touched.read_by(rewrite)
-        applications.append(_apply(model, graph, rewrite, names, pass_number, meter))
+        application, unread = _apply(model, graph, rewrite, names, pass_number, meter)
+        applications.append(application)
         touched.record(rewrite, read, run)
         # at once, not in the final cleanup: a dead reader of a value (the Shape that
         # computed a replaced Reshape's target) keeps patterns through it from matching
-        touched.readers_changed(remove_dead_producers(graph, read), run)
+        touched.readers_changed(remove_dead_producers(graph, read) + unread, run)
         typed = _type_readers(rewrite.new_nodes, model)
         meter.forget(out for node in typed for out in node.outputs)
         touched.stamp(typed, run)
@@ -366,8 +367,9 @@ def _bytes(nodes: Sequence[ir.Node], meter: traffic.Meter) -> int:
 
 
 def _apply(model: ir.Model, graph: ir.Graph, rewrite: Rewrite, names: FreshNames,
-           pass_number: int, meter: traffic.Meter) -> Application:
-    """Put a rewrite into the graph: fresh names, rewiring, insertion, removal."""
+           pass_number: int, meter: traffic.Meter) -> tuple[Application, list[ir.Value]]:
+    """Put a rewrite into the graph: fresh names, rewiring, insertion, removal. Also
+    returns the values whose readers the removal of unread new nodes took."""
     bytes_before = _bytes(rewrite.matched_nodes, meter)
     matched = _matched_names(rewrite)
     matched_ops = tuple(n.op_type for n in rewrite.matched_nodes)
@@ -405,23 +407,28 @@ def _apply(model: ir.Model, graph: ir.Graph, rewrite: Rewrite, names: FreshNames
                 value.name = names.fresh(f"{node.name}_out")
     graph.insert_after(rewrite.root, rewrite.new_nodes)
     graph.remove(rewrite.matched_nodes, safe=True)
+    # A kept intermediate nobody outside reads is built all the same (with its readers in
+    # the replacement): gone now, it cannot count as a second reader of the match's inputs
+    # that keeps the next rule from matching (a Transpose pair from composing).
+    unread = remove_dead_producers(graph, [v for n in rewrite.new_nodes for v in n.outputs])
+    new_nodes = [n for n in rewrite.new_nodes if n.graph is graph]
     for domain, version in rewrite.opsets.items():
         if domain not in model.opset_imports:
             model.opset_imports[domain] = version
-    _infer_new_shapes(rewrite.new_nodes, model)
-    bytes_after = _bytes(rewrite.new_nodes, meter)
+    _infer_new_shapes(new_nodes, model)
+    bytes_after = _bytes(new_nodes, meter)
     return Application(
         rewrite.rule_id,
         graph.name or "",
         matched,
         matched_ops,
-        tuple(n.name or "" for n in rewrite.new_nodes),
-        tuple(n.op_type for n in rewrite.new_nodes),
+        tuple(n.name or "" for n in new_nodes),
+        tuple(n.op_type for n in new_nodes),
         tuple(init_names),
         bytes_before,
         bytes_after,
         pass_number,
-    )
+    ), unread
 
 
 def _matched_names(rewrite: Rewrite) -> tuple[str, ...]:

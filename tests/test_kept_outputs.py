@@ -280,3 +280,25 @@ def test_a_capture_bound_to_a_matched_value_is_refused() -> None:
     assert result.passed and not result.rewrite.applications
     reasons = [r.reason for r in result.rewrite.rejections if r.rule_id == "relu-add-kept"]
     assert reasons and "b is a value the match itself produces" in reasons[0]
+
+
+def test_a_kept_intermediate_nobody_reads_is_gone_before_the_next_rule() -> None:
+    """matmul-merged-batch-sink-transposed-b writes the folded key and its Transpose again
+    for outside readers; here there are none. Left in the graph until the final cleanup, the
+    dead Reshape was a second reader of K's head Transpose, and transpose-compose never
+    merged it with the swap the rule adds (two Transposes stayed)."""
+    proto = onnx.parser.parse_model("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[2,4,5,6] q, float[2,7,4,6] k0) => (float[2,4,5,7] z)
+        <int64[3] s1 = {8, 5, 6}, int64[3] s2 = {8, 7, 6}, int64[4] s3 = {2, 4, 5, 7}>
+        {
+          k = Transpose<perm=[0, 2, 1, 3]>(k0)
+          a = Reshape(q, s1)  r = Reshape(k, s2)  b = Transpose<perm=[0, 2, 1]>(r)
+          m = MatMul(a, b)  z = Reshape(m, s3)
+        }""")
+    result = optimize(ir.serde.deserialize_model(proto), rules=load_rule_set())
+    assert result.passed, result.validation
+    ops = [n.op_type for n in result.model.graph]
+    assert sorted(ops) == ["MatMul", "Transpose"]
+    (transpose,) = [n for n in result.model.graph if n.op_type == "Transpose"]
+    assert list(transpose.attributes["perm"].value) == [0, 2, 3, 1]
