@@ -24,3 +24,43 @@ def test_embedded(rule, test) -> None:
 def test_library_proves_both_sides() -> None:
     assert lint_tests(RULES) == []
     assert len(RULES) >= 10
+
+
+def test_a_test_model_onnxruntime_cannot_run_is_that_tests_failure() -> None:
+    """A bfloat16 attention (no CPU kernels) fused by a rule whose dtype check is gone: the
+    test fails with the reason, where before the whole ``rules test`` run stopped (exit 2)."""
+    from fusectl.compile import compile_rules
+    from fusectl.rulefile import load_rule_text
+
+    loose = compile_rules(load_rule_text(BFLOAT16_SDPA))
+    outcome = run_rule_test(loose[0], loose[0].rule.tests[0])
+    assert not outcome.passed
+    assert any(p.startswith("outputs not checked: onnxruntime cannot run the input model")
+               for p in outcome.problems), outcome.problems
+
+
+BFLOAT16_SDPA = """
+version: 1
+rules:
+  - id: sdpa-any-dtype
+    summary: Softmax(Q.K^T).V -> Attention, with no dtype check
+    when: {opset: ">=23"}
+    match:
+      - s = MatMul(Q, Transpose<perm=[0, 1, 3, 2]>(K))
+      - y = MatMul(Softmax<axis=-1>(s), V)
+    replace:
+      - y = Attention(Q, K, V)
+    tests:
+      - name: bfloat16-must-not-fire
+        model: |
+          <ir_version: 10, opset_import: ["" : 23]>
+          g (bfloat16[2,4,6,16] Q, bfloat16[2,4,6,16] K, bfloat16[2,4,6,16] V)
+            => (bfloat16[2,4,6,16] y)
+          {
+            kt = Transpose<perm=[0, 1, 3, 2]>(K)
+            s = MatMul(Q, kt)
+            p = Softmax<axis=-1>(s)
+            y = MatMul(p, V)
+          }
+        expect: {fires: 0}
+"""
