@@ -156,14 +156,14 @@ def main(argv: list[str] | None = None) -> int:
     meta["machine"]["load_after"] = os.getloadavg()[0]
     meta["seconds"] = time.perf_counter() - started
     meta["code_after"] = code_fingerprint()
-    results.print_tables(data, console)
-    text = json.dumps(data, indent=1)
+    text = json.dumps(data, indent=1)  # saved first: a failing table must not lose the run
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     for path in ([args.json] if args.json else [RESULTS_DIR / f"bench-{stamp}.json",
                                                  RESULTS_DIR / "latest.json"]):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
         console.print(f"wrote {path}")
+    results.print_tables(data, console)
     previous = args.markdown.read_text() if args.markdown.exists() else ""
     args.markdown.parent.mkdir(parents=True, exist_ok=True)
     args.markdown.write_text(results.markdown(data, results.kept_findings(previous)))

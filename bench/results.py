@@ -171,6 +171,10 @@ def _min_ratio(timing: dict | None, original: dict | None) -> str:
 
 
 def why_table(why: dict) -> Table:
+    if "error" in why:  # the leave-one-out run itself failed: say so, keep the other tables
+        return Table(f"Why slower: {why['model']}, target {why['target']}, onnxruntime "
+                     f"{why['level'].upper()}", ["error"], [[why["error"]]],
+                     "bench/why_slower.py could not run its leave-one-out.")
     variants = why["latency"]["variants"]
     original = variants.get("original")
     rows = []

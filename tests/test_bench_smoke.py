@@ -169,3 +169,13 @@ def test_bad_usage_is_one_line_and_exit_2(args):
     done = _run(*args, timeout=60)
     assert done.returncode == 2
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_a_failed_why_run_is_a_table_not_a_crash():
+    """A leave-one-out run that failed is recorded as an error; the tables (printed after
+    the results are saved) show it instead of losing the whole benchmark."""
+    why = {"model": "bert-ts", "level": "all", "target": "onnx", "ratio": 1.2,
+           "error": "RuntimeError: boom"}
+    table = results.why_table(why)
+    assert table.rows == [["RuntimeError: boom"]]
+    assert "bert-ts" in table.title
