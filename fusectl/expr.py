@@ -712,6 +712,17 @@ def _fn_transposed_shape(perm: Any, value: Any) -> np.ndarray:
     return _fn_as_target([dims[axis] for axis in order])
 
 
+def _fn_float32_scale(value: Any) -> float:
+    """A scale attribute as float32 stores it, refused when it rounds to 0 or is not finite
+    (a product of tiny scales underflows, a Div by inf gives 0): onnxruntime refuses to load
+    Attention with scale 0, and MultiHeadAttention reads 0 as its default 1/sqrt(D)."""
+    with np.errstate(over="ignore", under="ignore"):
+        scale = float(np.float32(value))
+    if scale == 0 or not math.isfinite(scale):
+        raise NoMatch(f"the scale {value!r} is 0 or not finite in float32")
+    return scale
+
+
 def _fn_as_target(*parts: Any) -> np.ndarray:
     """The dims ``parts`` spell one after another as a Reshape target valid for any input
     with as many elements: static dims as they are, one symbolic dim as -1. No match for a
@@ -1351,6 +1362,7 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     "moves_unit_dims_only": _fn_moves_unit_dims_only,
     "transposed_shape": _fn_transposed_shape,
     "as_target": _fn_as_target,
+    "float32_scale": _fn_float32_scale,
     "unit_reshape_moved": _fn_unit_reshape_moved,
     "unmerged_perm": _fn_unmerged_perm,
     "is_noop_reshape": _fn_is_noop_reshape,

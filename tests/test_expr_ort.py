@@ -48,3 +48,16 @@ def test_op_type_in_an_expression() -> None:
     assert parsed.evaluate({"z": node.outputs[0]}) is True
     parsed = parse('op_type(z) == "Relu"', ["z"])
     assert parsed.evaluate({"z": node.outputs[0]}) is False
+
+
+@pytest.mark.parametrize("value", [1e-50, 0.0, float("inf"), 1e39, float("nan")])
+def test_float32_scale_refuses_what_rounds_to_zero_or_is_not_finite(value: float) -> None:
+    """onnxruntime refuses Attention's scale 0; MultiHeadAttention reads 0 as 1/sqrt(D)."""
+    with pytest.raises(NoMatch, match="0 or not finite"):
+        expr.FUNCTIONS["float32_scale"](value)
+
+
+def test_float32_scale_keeps_normal_and_negative_scales() -> None:
+    assert expr.FUNCTIONS["float32_scale"](0.125) == 0.125
+    assert expr.FUNCTIONS["float32_scale"](-2.0) == -2.0
+    assert expr.FUNCTIONS["float32_scale"](1e-30) == pytest.approx(1e-30, rel=1e-6)
