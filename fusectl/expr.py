@@ -503,18 +503,40 @@ def _product_factors(factors: Iterable[int | str]) -> tuple[int, list[str]]:
     number, names = 1, []
     for factor in factors:
         if isinstance(factor, str):
-            parts = factor.split("*")
-            if len(parts) > 1 and all(_PRODUCT_NAME.fullmatch(p) for p in parts):
-                for part in parts:
-                    if part.isdigit():
-                        number *= int(part)
-                    else:
-                        names.append(part)
-            else:
-                names.append(factor)
+            parts = _split_product(factor)
+            for part in parts if parts and len(parts) > 1 else [factor]:
+                if part.isdigit():
+                    number *= int(part)
+                else:
+                    names.append(part)
         else:
             number *= int(factor)
     return number, names
+
+
+def _split_product(text: str) -> list[str] | None:
+    """The factors of ``2*a*(s0 + s1)`` (a parenthesized factor without its parentheses, as
+    ``_spell_product`` writes it); None when ``text`` is not such a product."""
+    parts, depth, start = [], 0, 0
+    for index, char in enumerate(text):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if depth < 0:
+            return None
+        if char == "*" and depth == 0:
+            if "*" in (text[index - 1:index], text[index + 1:index + 2]):
+                return None  # a power
+            parts.append(text[start:index].strip())
+            start = index + 1
+    parts.append(text[start:].strip())
+    factors = []
+    for part in parts:
+        if part.startswith("(") and part.endswith(")") and _balanced(part[1:-1]):
+            factors.append(part[1:-1].strip())
+        elif _PRODUCT_NAME.fullmatch(part):
+            factors.append(part)
+        else:
+            return None
+    return factors if depth == 0 else None
 
 
 def _spell_product(number: int, names: list[str]) -> int | str:
@@ -526,6 +548,17 @@ def _spell_product(number: int, names: list[str]) -> int | str:
     if len(factors) == 1:
         return factors[0]
     return "*".join(f"({f})" if _has_operator(f) else f for f in factors)
+
+
+def _balanced(text: str) -> bool:
+    """Whether every parenthesis of ``text`` closes in it (``(a)+(b)`` minus its outer pair
+    does not)."""
+    depth = 0
+    for char in text:
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if depth < 0:
+            return False
+    return depth == 0
 
 
 def _has_operator(name: str) -> bool:

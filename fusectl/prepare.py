@@ -27,7 +27,7 @@ from onnxscript.optimizer import fold_constants
 from .deadcode import remove_unused
 from .dedupe import merge_equal_initializers
 from .shapereads import read_dims_from_inputs, shape_read
-from .shapes import infer_model_shapes
+from .shapes import infer_model_shapes, infer_node
 from .symdims import name_anonymous_input_dims, name_lost_dims
 from .traffic import can_fold  # the traffic model's notion of a node folding removes
 
@@ -381,12 +381,12 @@ def _fold(model: ir.Model) -> bool:
     folder_log.setLevel(logging.ERROR)
     # The folder turns Shape/Size of a statically shaped value into a constant; a graph
     # output's dims may be only declared (an exporter may declare them wrongly, onnxruntime
-    # never checks), so the folder does not see them.
+    # never checks), so the folder sees what its producer gives it instead.
     hidden = [(value, value.shape) for value in model.graph.outputs
               if value.shape is not None and any(
                   use.node.op_type in ("Shape", "Size") for use in value.uses())]
     for value, _ in hidden:
-        value.shape = None
+        value.shape = _shape_from_producer(value, model.opset_imports)
     try:
         return fold_constants(
             model,
@@ -481,6 +481,23 @@ def _retype_folded_strings(graph: ir.Graph) -> None:
                 and not isinstance(tensor, ir.StringTensor):
             value.const_value = ir.StringTensor(tensor.numpy().reshape(-1),
                                                 shape=tensor.shape, name=tensor.name)
+
+
+def _shape_from_producer(value: ir.Value, opsets: dict[str, int]) -> ir.Shape | None:
+    """The shape a graph output's producer gives it from its inputs (None when inference
+    cannot tell); a graph input listed as an output keeps its own, which onnxruntime checks."""
+    node = value.producer()
+    if node is None:
+        return value.shape
+    saved = [(out, out.shape) for out in node.outputs]
+    for out, _ in saved:
+        out.shape = None
+    try:
+        infer_node(node, opsets)
+        return value.shape
+    finally:
+        for out, shape in saved:
+            out.shape = shape
 
 
 def _should_fold(node: ir.Node) -> bool | None:

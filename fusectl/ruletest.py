@@ -243,13 +243,13 @@ def _numeric_check(proto: onnx.ModelProto, model: ir.Model, test: RuleTest,
     does), and the largest error. A test model onnxruntime cannot run (no bfloat16 kernels)
     is this test's failure, not the end of the whole run: it fired where it should not
     have, or it cannot be checked."""
-    from .errors import FusectlError
+    from .errors import BadInputError
     from .validate import ValidationOptions, validate
 
     options = ValidationOptions(seed=seed, rtol=test.rtol, atol=test.atol)
     try:
         outcome = validate(ir.serde.deserialize_model(proto), model, options)
-    except FusectlError as exc:
+    except BadInputError as exc:
         return [f"outputs not checked: {exc}"], None
     errors = [o.max_abs for o in outcome.outputs if o.max_abs == o.max_abs]
     max_abs = max(errors) if errors else None

@@ -1166,7 +1166,8 @@ def _check_bindings(dims: Mapping[str, int], named: frozenset[str]) -> Mapping[s
     inputs' dims or of other bound ones): the traffic model and the generated inputs would
     take the binding, the dims it is made of their own values, and the two may disagree."""
     for name in dims:
-        symbols = expression_symbols(ir.SymbolicDim(name), lambda s: s in named or s in dims)
+        symbols = expression_symbols(  # the name itself is no symbol (``batch.size``)
+            ir.SymbolicDim(name), lambda s, name=name: s != name and (s in named or s in dims))
         if symbols is None:
             continue
         if not symbols:

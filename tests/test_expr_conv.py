@@ -250,6 +250,17 @@ def test_a_factor_with_an_operator_is_parenthesized() -> None:
     assert symbolic_quotient([4, "s0 + s1", "b"], [2, "b"]) == "2*(s0 + s1)"
 
 
+def test_a_spelled_product_reads_back_as_its_factors() -> None:
+    """One spelling per product: ``2*(s0 + s1)`` is 2 times the name ``s0 + s1`` again, so a
+    product of it and 3 is the product of 6 and that name, and dividing by 2 gives it back;
+    a power, an unbalanced or a merely bracketed sum is one name."""
+    assert F["prod"](["2*(s0 + s1)", 3]) == F["prod"]([6, "s0 + s1"]) == "6*(s0 + s1)"
+    assert symbolic_quotient(["2*(s0 + s1)"], [2]) == "s0 + s1"
+    assert F["prod"](["a**2", 2]) == "2*(a**2)"
+    assert F["prod"](["(a)+(b)", 2]) == "2*((a)+(b))"
+    assert F["prod"](["a)*(b", 2]) == "2*(a)*(b)"
+
+
 # ---------------------------------------------------------- through the expression language
 
 

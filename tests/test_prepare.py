@@ -294,11 +294,52 @@ def test_shape_of_a_graph_output_declared_static_is_not_folded() -> None:
         { y = Relu(x)  t = Shape(y)  z = Reshape(x, t) }
     """)
     working = ir.serde.deserialize_model(model)
-    prepare(working)
-    assert "Shape" in _ops(working)
+    prepare(working)  # Reshape(x, Shape(y)) is x itself: y = Relu(x) whatever it declares
     options = ort.SessionOptions()  # onnxruntime's own folding trusts the declaration too
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.log_severity_level = 3  # its warning that the declared shape does not merge
     session = ort.InferenceSession(ir.serde.serialize_model(working).SerializeToString(),
                                    options, providers=["CPUExecutionProvider"])
     assert session.run(None, {"x": np.ones((3, 6), np.float32)})[1].shape == (3, 6)
+
+
+@pytest.mark.parametrize("declared", ["2,6", "N,6", "3,6"])
+def test_shape_of_a_graph_output_folds_from_what_its_producer_gives(declared: str) -> None:
+    """Relu of a [2,6] input is [2,6] whatever the output declares: Shape(y) folds to that
+    (a declared [3,6] would have made Reshape(x, [3,6]) of 12 elements), and the declaration
+    is back on the output afterwards."""
+    model = onnx.parser.parse_model(f"""
+        <ir_version: 8, opset_import: ["" : 13]>
+        g (float[2,6] x) => (float[{declared}] y, float[?] z)
+        {{ y = Relu(x)  t = Shape(y)  z = Reshape(x, t) }}
+    """)
+    working = ir.serde.deserialize_model(model)
+    preparation._fold(working)
+    assert "Shape" not in _ops(working)
+    dims = [d if isinstance(d, int) else d.value for d in working.graph.outputs[0].shape]
+    assert dims == [int(d) if d.isdigit() else d for d in declared.split(",")]
+    x = np.ones((2, 6), np.float32)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 3
+    session = ort.InferenceSession(ir.serde.serialize_model(working).SerializeToString(),
+                                   options, providers=["CPUExecutionProvider"])
+    assert session.run(None, {"x": x})[1].shape == (2, 6)
+
+
+def test_size_of_a_graph_output_declared_static_is_not_folded() -> None:
+    """Size(y) read from y's declaration [2,6] made Reshape(x, [12]), wrong for any N but 2."""
+    model = onnx.parser.parse_model("""
+        <ir_version: 8, opset_import: ["" : 13]>
+        g (float[N,6] x) => (float[2,6] y, float[?] z)
+        <int64[1] zero = {0}>
+        { y = Relu(x)  n = Size(y)  t = Unsqueeze(n, zero)  z = Reshape(x, t) }
+    """)
+    working = ir.serde.deserialize_model(model)
+    prepare(working)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 3
+    session = ort.InferenceSession(ir.serde.serialize_model(working).SerializeToString(),
+                                   options, providers=["CPUExecutionProvider"])
+    assert session.run(None, {"x": np.ones((3, 6), np.float32)})[1].shape == (18,)

@@ -565,6 +565,14 @@ def test_a_dim_computed_from_other_dims_is_not_bound() -> None:
     assert measure(model, dims={"seq-len": 3, "a+b": 2, "s0": 2}).nodes[0].bytes_read == 4 * 3
 
 
+def test_a_dotted_dim_name_binds() -> None:
+    """onnx-ir reads ``batch.size`` as one symbol, the name itself: binding it is no
+    computation from other dims (old exporters name dims ``input.1_dim_0``)."""
+    model = load('''<ir_version: 8, opset_import: ["" : 17]>
+        g (float["batch.size",3] x) => (float["batch.size",3] y) { y = Relu(x) }''', infer=False)
+    assert measure(model, dims={"batch.size": 2}).nodes[0].bytes_read == 4 * 2 * 3
+
+
 # --------------------------------------------------------------------- fused kernels
 
 FUNCTION_MODEL = f"""

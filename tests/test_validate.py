@@ -329,23 +329,29 @@ def test_user_inputs_wrong_dtype_rank_or_name_raise():
         v.generate_inputs(m, v.ValidationOptions(inputs={"z": np.zeros((1, 3), np.float32)}))
 
 
-def test_an_all_nan_user_input_is_refused():
+def test_given_inputs_making_every_float_output_nan_are_refused():
     """NaN facing NaN passes, so on an all-NaN input every output would agree without a
-    number compared; a NaN among numbers, or an empty input, is a legitimate input."""
+    number compared; a NaN among numbers, an empty input, or a model that maps NaN to
+    numbers is compared as usual."""
     m = model("g (float[N, 3] x) => (float[N, 3] y) { y = Identity(x) }")
     nan = np.full((2, 3), np.nan, np.float32)
-    message = "^input 'x' is all NaN; validation would compare nothing$"
+    message = ("^every float output of the model is NaN on the given inputs; validation "
+               "would compare nothing$")
     with pytest.raises(BadInputError, match=message):
         v.validate(m, m, v.ValidationOptions(inputs={"x": nan}))
     brain = model("g (bfloat16[2] x) => (bfloat16[2] y) { y = Identity(x) }")
     with pytest.raises(BadInputError, match=message):
-        v.generate_inputs(brain, v.ValidationOptions(
+        v.validate(brain, brain, v.ValidationOptions(
             inputs={"x": np.full(2, np.nan, ml_dtypes.bfloat16)}))
     some = nan.copy()
     some[0, 0] = 1.0
     assert v.validate(m, m, v.ValidationOptions(inputs={"x": some})).passed
     empty = np.zeros((0, 3), np.float32)
-    assert v.generate_inputs(m, v.ValidationOptions(inputs={"x": empty}))["x"].size == 0
+    assert v.validate(m, m, v.ValidationOptions(inputs={"x": empty})).passed
+    guarded = model("""g (float[N, 3] x, float[N, 3] w) => (float[N, 3] y)
+        <float zero = {0.0}> { n = IsNaN(x)  c = Where(n, zero, x)  y = Add(c, w) }""")
+    feeds = {"x": nan, "w": np.ones((2, 3), np.float32)}
+    assert v.validate(guarded, guarded, v.ValidationOptions(inputs=feeds)).passed
 
 
 def test_cli_exits_2_on_all_nan_inputs(capsys, tmp_path):
@@ -360,7 +366,8 @@ def test_cli_exits_2_on_all_nan_inputs(capsys, tmp_path):
                  str(written)])
     err = capsys.readouterr().err
     assert code == 2
-    assert err.strip() == "error: input 'x' is all NaN; validation would compare nothing"
+    assert err.strip() == ("error: every float output of the model is NaN on the given "
+                           "inputs; validation would compare nothing")
     assert not written.exists()
 
 
