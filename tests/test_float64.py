@@ -345,3 +345,26 @@ def test_an_ill_conditioned_range_sample_asks_only_for_no_larger_error():
         assert ranged.passed is passes
         if not passes:
             assert "candidate is further from exact at" in ranged.reason
+
+
+def test_float64_outputs_are_made_once_per_sample():
+    """Bisection re-checks candidates on the same reference: its float64 run is made once
+    per sample, not once per check."""
+    calls = []
+
+    class Counting:
+        def run(self, feeds):
+            calls.append(dict(feeds))
+            return {"y": np.zeros(2)}
+
+    outputs = v.Float64Outputs(Counting())
+    first = outputs.get(0, {"x": 1})
+    assert outputs.get(0, {"x": 1}) is first
+    outputs.get(1, {"x": 2})
+    assert len(calls) == 2
+
+
+def test_a_float64_value_of_another_shape_is_no_judge():
+    assert v._float64_missing(None, np.zeros(2)) == "the float64 run has no such output"
+    assert v._float64_missing(np.zeros(3), np.zeros(2)) == "its float64 value has shape [3]"
+    assert v._float64_missing(np.zeros(2), np.zeros(2)) is None
