@@ -995,6 +995,19 @@ def _fn_num_uses(value: Any) -> int:
     return len(value.uses()) + int(value.is_graph_output())
 
 
+def _fn_read_by_shapes_besides(value: Any, reader_output: Any) -> bool:
+    """Whether ``value`` is no graph output and every node reading it, but the one writing
+    ``reader_output``, is a Shape or Size: a rule that writes ``value`` again for them (a
+    dynamic export's Shape computing the Reshape target it replaces) then costs no second
+    copy of the computation, which dies with that Shape arithmetic."""
+    if not is_value(value) or not is_value(reader_output):
+        raise NoMatch("read_by_shapes_besides() needs values of the match")
+    reader = reader_output.producer()
+    return not value.is_graph_output() and all(
+        use.node is reader or (use.node.op_type in ("Shape", "Size") and use.node.domain == "")
+        for use in value.uses())
+
+
 _INT_RANGES = {
     "bool": (0, 1),
     "int8": (-(2**7), 2**7 - 1),
@@ -1410,6 +1423,7 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     "single_axis": _fn_single_axis,
     "is_graph_output": _fn_is_graph_output,
     "num_uses": _fn_num_uses,
+    "read_by_shapes_besides": _fn_read_by_shapes_besides,
     "casts_exactly": _fn_casts_exactly,
     "broadcast_shape": _fn_broadcast_shape,
     "slice_is_full": _fn_slice_is_full,

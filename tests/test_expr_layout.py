@@ -381,3 +381,20 @@ def test_unit_reshape_moved_single_head_key_and_refusals() -> None:
     ]:
         with pytest.raises(NoMatch):
             moved(perm, _dynamic("x", dims), _dynamic("z", out))
+
+
+def test_read_by_shapes_besides_tells_a_product_only_shapes_read() -> None:
+    """The 3-D product a dynamic export reshapes back is also read by the Shape computing
+    that target (fine: it dies with the match); a Sigmoid or a graph output is a real reader."""
+    import onnx.parser
+
+    model = ir.from_proto(onnx.parser.parse_model("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[8,5,6] a, float[8,6,3] b) => (float[8,5,3] z, float[8,5,3] e)
+        { m = MatMul(a, b)  s = Shape(m)  t = Shape(a)  z = Reshape(m, s)  u = MatMul(a, b)
+          e = Sigmoid(u)  n = Shape(u)  y = Reshape(u, n) }"""))
+    values = {out.name: out for node in model.graph for out in node.outputs}
+    check = fn("read_by_shapes_besides")
+    assert check(values["m"], values["z"])
+    assert not check(values["u"], values["y"])  # the Sigmoid reads it too
+    assert not check(values["e"], values["e"])  # a graph output
