@@ -995,6 +995,14 @@ def _fn_num_uses(value: Any) -> int:
     return len(value.uses()) + int(value.is_graph_output())
 
 
+def _fn_is_minted_dim(dim: Any) -> bool:
+    """Whether a dim from shape() is a symbol onnx's inference minted (``unk__3``), which
+    names nothing: a Reshape to a -1 target gets one when its element count is unspelled."""
+    from .shapeexpr import is_minted  # shapeexpr reads expr's value helpers
+
+    return isinstance(dim, str) and is_minted(dim)
+
+
 def _fn_read_by_shapes_besides(value: Any, reader_output: Any) -> bool:
     """Whether ``value`` is no graph output and every node reading it, but the one writing
     ``reader_output``, is a Shape or Size: a rule that writes ``value`` again for them (a
@@ -1424,6 +1432,7 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     "is_graph_output": _fn_is_graph_output,
     "num_uses": _fn_num_uses,
     "read_by_shapes_besides": _fn_read_by_shapes_besides,
+    "is_minted_dim": _fn_is_minted_dim,
     "casts_exactly": _fn_casts_exactly,
     "broadcast_shape": _fn_broadcast_shape,
     "slice_is_full": _fn_slice_is_full,

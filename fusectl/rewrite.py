@@ -23,7 +23,7 @@ from . import traffic
 from .compile import CompiledRule, NoRewrite, Rewrite
 from .deadcode import remove_dead_producers, remove_unused
 from .names import FreshNames
-from .shapeexpr import input_dim_names
+from .shapeexpr import input_dim_names, is_minted
 from .shapes import infer_node
 
 RULE_TAG = "fusectl.rule"
@@ -475,17 +475,27 @@ def _type_readers(nodes: Sequence[ir.Node], model: ir.Model) -> list[ir.Node]:
         value = queue.pop()
         for use in value.uses():
             reader = use.node
-            if id(reader) in tried or all(o.shape is not None for o in reader.outputs):
+            if id(reader) in tried or not any(_open_shape(o) for o in reader.outputs):
                 continue
             if any(v is not None and v.shape is None for v in reader.inputs):
                 continue  # tried when its last input is typed (Div(x - m, Sqrt(v)) of a LayerNorm)
             tried.add(id(reader))
-            infer_node(reader, model.opset_imports)
-            outputs = [o for o in reader.outputs if o.shape is not None]
+            before = [o.shape for o in reader.outputs]
+            infer_node(reader, model.opset_imports, refine=True)
+            outputs = [o for o, shape in zip(reader.outputs, before, strict=True)
+                       if o.shape is not None and o.shape != shape]
             if outputs:
                 typed.append(reader)
                 queue.extend(outputs)
     return typed
+
+
+def _open_shape(value: ir.Value) -> bool:
+    """Whether inference may still tell more of a value's shape: none yet, or a dim onnx
+    minted (``unk__21`` for a Reshape's -1 that a rewrite has since replaced by a product
+    of named dims)."""
+    return value.shape is None or any(
+        not isinstance(d, int) and is_minted(d.value) for d in value.shape)
 
 
 def _cleanup(model: ir.Model) -> None:

@@ -15,6 +15,7 @@ import onnx_ir as ir
 from onnx_ir.passes.common import _c_api_utils
 
 from .irdata import plain
+from .shapeexpr import is_minted
 
 DATA_LIMIT = 1024
 """Constant inputs up to this many elements are given to inference as data."""
@@ -97,13 +98,16 @@ def infer_node(node: ir.Node, opsets: Mapping[str, int], *, refine: bool = False
 
 def _refined(shape: ir.Shape, inferred: list[int | str | None]) -> ir.Shape:
     """``shape`` with its open dims taken from ``inferred``: a number for a symbol or an
-    unknown dim, a name for an unknown dim; a known number is never changed."""
+    unknown dim, a name for an unknown dim or a symbol onnx minted (``unk__3`` names
+    nothing: the Reshape whose -1 it stood for may be gone); a known number is never
+    changed."""
     if len(inferred) != len(shape):
         return shape
     dims: list[int | ir.SymbolicDim | str | None] = []
     changed = False
     for old, new in zip(shape, inferred, strict=True):
-        if isinstance(old, int) or new is None or (isinstance(new, str) and old.value):
+        if isinstance(old, int) or new is None or (
+                isinstance(new, str) and old.value and not is_minted(old.value)):
             dims.append(old)
         else:
             dims.append(new)

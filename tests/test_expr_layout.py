@@ -398,3 +398,9 @@ def test_read_by_shapes_besides_tells_a_product_only_shapes_read() -> None:
     assert check(values["m"], values["z"])
     assert not check(values["u"], values["y"])  # the Sigmoid reads it too
     assert not check(values["e"], values["e"])  # a graph output
+
+
+def test_is_minted_dim_tells_onnx_symbols_from_names() -> None:
+    check = fn("is_minted_dim")
+    assert check("unk__21")
+    assert not check("batch_size") and not check(16) and not check("4*unk__3")

@@ -302,3 +302,34 @@ def test_a_kept_intermediate_nobody_reads_is_gone_before_the_next_rule() -> None
     assert sorted(ops) == ["MatMul", "Transpose"]
     (transpose,) = [n for n in result.model.graph if n.op_type == "Transpose"]
     assert list(transpose.attributes["perm"].value) == [0, 2, 3, 1]
+
+
+def test_readers_of_a_rewrite_lose_the_dims_onnx_minted() -> None:
+    """DeBERTa with dynamic axes splits the 3-D product back with a -1 target, so onnx
+    names the batch ``unk__N`` downstream. Once matmul-merged-batch-unfold computes the
+    product as [B,4,S,16], the readers get B again (the attention fusions compare it with
+    the query's batch), not only in the final tidy."""
+    from fusectl.prepare import prepare
+
+    proto = onnx.parser.parse_model("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[B,4,S,S] p, float[B,4,S,16] v) => (float[B,S,64] w)
+        <int64[2] h = {-1, 4}, int64[3] merged = {0, 0, 64}>
+        {
+          m1 = Constant<value_ints=[-1]>()
+          tp = Shape<start=2>(p)  s1 = Concat<axis=0>(m1, tp)
+          tv = Shape<start=2>(v)  s2 = Concat<axis=0>(m1, tv)
+          a = Reshape(p, s1)  b = Reshape(v, s2)  m = MatMul(a, b)
+          tm = Shape<start=1>(m)  s3 = Concat<axis=0>(h, tm)  z = Reshape(m, s3)
+          t = Transpose<perm=[0, 2, 1, 3]>(z)  w = Reshape(t, merged)
+        }""")
+    model = ir.serde.deserialize_model(proto)
+    prepare(model)
+    (transpose,) = [n for n in model.graph if n.op_type == "Transpose"]
+    (split,) = [n for n in model.graph if n.op_type == "Reshape" and n.outputs[0].name == "z"]
+    # what onnx says when symdims cannot name the -1 (DeBERTa's second layer)
+    split.outputs[0].shape = ir.Shape(["unk__7", 4, "S", 16])
+    transpose.outputs[0].shape = ir.Shape(["unk__7", "S", 4, 16])
+    rules = [r for r in load_rule_set() if r.id == "matmul-merged-batch-unfold"]
+    assert len(apply_rules(model, rules).applications) == 1
+    assert transpose.outputs[0].shape == ir.Shape(["B", "S", 4, 16])

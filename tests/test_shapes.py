@@ -139,6 +139,20 @@ def test_refine_fills_open_dims_from_inference() -> None:
     assert out.shape == ir.Shape([2, "S", 8, 16])
 
 
+def test_refine_names_a_minted_dim() -> None:
+    """``unk__21`` stood for a Reshape's -1 that a rewrite replaced by a product of named
+    dims: it names nothing, so the inferred name replaces it; a name the model gave stays."""
+    p, v = _value("p", ["B", 4, "S", "S"]), _value("v", ["B", 4, "S", 16])
+    node = ir.Node("", "MatMul", [p, v])
+    out = node.outputs[0]
+    out.type, out.shape = ir.TensorType(ir.DataType.FLOAT), ir.Shape(["unk__21", 4, "S", 16])
+    assert infer_node(node, OPSETS, refine=True)
+    assert out.shape == ir.Shape(["B", 4, "S", 16])
+    out.shape = ir.Shape(["N", 4, "S", 16])
+    assert infer_node(node, OPSETS, refine=True)
+    assert out.shape == ir.Shape(["N", 4, "S", 16])
+
+
 def test_refine_leaves_graph_outputs_as_declared() -> None:
     x = _value("x", ["B", 64])
     node = ir.Node("", "Relu", [x])
