@@ -51,3 +51,11 @@ class InternalError(FusectlError):
     """A bug in fusectl; the CLI asks the user to report it."""
 
     exit_code = 3
+
+
+def first_line(text: str, limit: int | None = None) -> str:
+    """The first non-blank line of an error text, cut to ``limit`` characters (a report
+    line must stay one line; onnxruntime's and onnx's messages span several)."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    line = lines[0] if lines else ""
+    return line if limit is None or len(line) <= limit else line[: limit - 3] + "..."

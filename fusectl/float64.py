@@ -30,6 +30,8 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
+from .errors import first_line
+
 FLOAT, DOUBLE = ir.DataType.FLOAT, ir.DataType.DOUBLE
 WIDENED = frozenset({FLOAT, ir.DataType.FLOAT16})
 """The element types computed in float64 instead."""
@@ -169,10 +171,8 @@ def _load(path: str | Path) -> ir.Model:
         raise Unavailable(f"cannot load the model: {_first_line(e)}") from None
 
 
-def _first_line(error: BaseException, limit: int = 160) -> str:
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    text = lines[0] if lines else type(error).__name__
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+def _first_line(error: BaseException) -> str:
+    return first_line(str(error), 160) or type(error).__name__
 
 
 def _widen_array(array: np.ndarray) -> np.ndarray:

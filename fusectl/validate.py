@@ -64,7 +64,7 @@ import onnx_ir as ir
 import onnxruntime as ort
 
 from fusectl import float64
-from fusectl.errors import BadInputError
+from fusectl.errors import BadInputError, first_line
 from fusectl.protowire import encode_model
 
 from .shapeexpr import expression_symbols
@@ -1707,6 +1707,4 @@ def _error_text(error: BaseException) -> str:
 
 
 def _first_line(error: BaseException | str) -> str:
-    text = error if isinstance(error, str) else _error_text(error)
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return lines[0] if lines else "unknown error"
+    return first_line(error if isinstance(error, str) else _error_text(error)) or "unknown error"
