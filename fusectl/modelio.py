@@ -31,7 +31,7 @@ from google.protobuf.message import EncodeError
 
 from fusectl.errors import BadInputError, InternalError
 from fusectl.protowire import Encoding, encode_model, without_weights
-from fusectl.shapes import infer_proto_shapes, merge_inferred_shapes
+from fusectl.shapes import infer_proto_shapes, merge_inferred_shapes, prefer_computed_dims
 from fusectl.targets import set_aside_onnxruntime_ops
 
 __all__ = [
@@ -523,6 +523,24 @@ def _inferred_shapes(proto: onnx.ModelProto, size: int | None,
         return None
 
 
+def _computed_shapes(proto: onnx.ModelProto, size: int | None,
+                     light: bytes | None) -> onnx.ModelProto | None:
+    """onnx's inference without the main graph's declared ``value_info``: the shapes the
+    model's arithmetic gives, which the declared ones must not contradict
+    (:func:`fusectl.shapes.prefer_computed_dims`). None when nothing is declared (most
+    models: no second inference) or inference fails."""
+    if not proto.graph.value_info:
+        return None
+    if light is not None:
+        bare = onnx.ModelProto.FromString(light)
+        _clear_negative_dims(bare)
+    else:
+        bare = onnx.ModelProto()
+        bare.CopyFrom(proto)  # no light bytes: the proto holds no big weights
+    del bare.graph.value_info[:]
+    return _inferred_shapes(bare, None if light is not None else size)
+
+
 def _set_base_dir(model: ir.Model, base_dir: str) -> None:
     """Point every external tensor (initializers, Constant attrs, functions) at ``base_dir``."""
     for value in _initializer_values(model):
@@ -542,9 +560,12 @@ def from_proto(proto: onnx.ModelProto, *, size: int | None = None,
     ``light``, the bytes it was parsed from without their big weights, when at hand."""
     declared = _clear_negative_dims(proto)
     inferred = _inferred_shapes(proto, size, None if declared else light)  # light has -1s
+    computed = _computed_shapes(proto, size, light) if inferred is not None else None
     model = ir.serde.deserialize_model(proto)
     if inferred is not None:
         merge_inferred_shapes(model.graph, inferred.graph, keep_signature=True)
+    if computed is not None:
+        prefer_computed_dims(model.graph, computed.graph)
     if declared:
         model.meta[_META_DECLARED_DIMS] = declared
     return model

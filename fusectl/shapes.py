@@ -303,6 +303,39 @@ def _merge_graph(graph: ir.Graph, proto: onnx.GraphProto, keep_signature: bool,
 _SUBGRAPH_ATTRIBUTES = frozenset({ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS})
 
 
+def prefer_computed_dims(graph: ir.Graph, computed: onnx.GraphProto) -> int:
+    """Where the model's own arithmetic (``computed``: onnx's inference run without the
+    declared value_info of intermediates) gives a dim that the declared one contradicts,
+    take the computed one; returns how many values changed.
+
+    A declared dim is a claim nobody checks (onnxruntime ignores it, onnx's inference keeps a
+    declared name over one it computes): ``value_info`` left at batch 1 after an input was made
+    dynamic would let rules bake ``1`` into a Reshape. A computed dim is a number or a name
+    carried from the inputs; where inference could not tell (none, or a symbol it minted)
+    the declared dim stays. The graph's outputs (never in ``value_info``) keep their
+    declarations."""
+    types = {info.name: info.type for info in computed.value_info}
+    changed = 0
+    for node in graph:
+        for value in node.outputs:
+            inferred = types.get(value.name) if value.name else None
+            if inferred is None:
+                continue
+            facts = _tensor_facts(inferred)
+            if facts is None or facts.dims is None or value.shape is None:
+                continue
+            current = tuple(_plain_dim(d) for d in value.shape.dims)
+            if len(current) != len(facts.dims):
+                dims = facts.dims  # a declared rank the arithmetic contradicts says nothing
+            else:
+                dims = tuple(c if isinstance(c, int) or (c is not None and not is_minted(c))
+                             else d for c, d in zip(facts.dims, current, strict=True))
+            if dims != current:
+                value.shape = ir.Shape(dims)
+                changed += 1
+    return changed
+
+
 @dataclass(frozen=True)
 class _TensorFacts:
     """An inferred tensor type as plain values: its dtype (None: not inferred) and its dims

@@ -932,3 +932,72 @@ def test_protobufs_own_size_refusal_is_one_clear_error(tmp_path, plain_model, mo
     with pytest.raises(BadInputError, match="2 GiB limit; save with external data"):
         save_model(load_model(plain_model), out)
     assert not out.exists() and list(tmp_path.iterdir()) == [plain_model]  # no temp file
+
+
+def _stale_batch_model(path: Path) -> None:
+    """``Reshape(x*x, Concat(Shape(Relu(x))[:1], [2, 2]))`` with the batch made dynamic in
+    the signature but ``value_info`` still declaring the Relu's output ``[1, 4]``."""
+    graph = oh.make_graph(
+        [oh.make_node("Relu", ["x"], ["a"]),
+         oh.make_node("Shape", ["a"], ["sh"], end=1),
+         oh.make_node("Concat", ["sh", "two"], ["t"], axis=0),
+         oh.make_node("Mul", ["x", "x"], ["b"]),
+         oh.make_node("Reshape", ["b", "t"], ["z"])], "g",
+        [oh.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [oh.make_tensor_value_info("z", TensorProto.FLOAT, ["N", 2, 2])],
+        [nh.from_array(np.array([2, 2], np.int64), "two")],
+        value_info=[oh.make_tensor_value_info("a", TensorProto.FLOAT, [1, 4])])
+    onnx.save(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)], ir_version=8), path)
+
+
+def test_a_stale_declared_dim_gives_way_to_the_computed_one(tmp_path: Path) -> None:
+    """onnx's inference keeps a declared 1 over the batch it computes; the model's own
+    arithmetic wins at load, so no rule bakes the 1 into a Reshape target."""
+    path = tmp_path / "stale.onnx"
+    _stale_batch_model(path)
+    kept = onnx.shape_inference.infer_shapes(onnx.load(path), data_prop=True)
+    declared = next(v for v in kept.graph.value_info if v.name == "a")
+    assert [d.dim_value for d in declared.type.tensor_type.shape.dim] == [1, 4]  # onnx's merge
+    model = load_model(path)
+    relu = next(n for n in model.graph if n.op_type == "Relu")
+    assert relu.outputs[0].shape == ir.Shape(["N", 4])
+
+
+def test_a_stale_declared_batch_does_not_break_the_optimized_model(tmp_path: Path) -> None:
+    """End to end, without validation (which feeds batch 1): the optimized model still
+    runs, and agrees, at another batch."""
+    from fusectl import api
+
+    path, out = tmp_path / "stale.onnx", tmp_path / "out.onnx"
+    _stale_batch_model(path)
+    result = api.optimize(path, check=False)
+    assert result.ops_after["Shape"] == 0  # the Shape chain became a constant target
+    save_model(result.model, out)
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    expected = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    got = ort.InferenceSession(str(out), options, providers=["CPUExecutionProvider"])
+    np.testing.assert_array_equal(got.run(None, {"x": x})[0], expected.run(None, {"x": x})[0])
+
+
+def test_a_declared_name_stays_where_inference_cannot_tell(tmp_path: Path) -> None:
+    """A Reshape to a target fed at run time: inference knows the rank only, so the
+    declared dims stay; a declared rank that contradicts the computed one does not."""
+    graph = oh.make_graph(
+        [oh.make_node("Reshape", ["x", "t"], ["r"]), oh.make_node("Relu", ["r"], ["y"]),
+         oh.make_node("Relu", ["x"], ["w"]), oh.make_node("Add", ["w", "w"], ["v"])], "g",
+        [oh.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4]),
+         oh.make_tensor_value_info("t", TensorProto.INT64, [2])],
+        [oh.make_tensor_value_info("y", TensorProto.FLOAT, None),
+         oh.make_tensor_value_info("v", TensorProto.FLOAT, None)],
+        value_info=[oh.make_tensor_value_info("r", TensorProto.FLOAT, ["S", 8]),
+                    oh.make_tensor_value_info("w", TensorProto.FLOAT, ["N", 4, 1])])
+    path = tmp_path / "declared.onnx"
+    model_proto = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)], ir_version=8)
+    model_proto.graph.output[0].type.tensor_type.elem_type = TensorProto.FLOAT
+    onnx.save(model_proto, path)
+    model = load_model(path)
+    shapes = {v.name: v.shape for n in model.graph for v in n.outputs}
+    assert shapes["r"] == ir.Shape(["S", 8])
+    assert shapes["w"] == ir.Shape(["N", 4])
