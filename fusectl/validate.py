@@ -16,7 +16,8 @@ Generated inputs (when the user does not provide an array for an input):
 * They are seeded: sample ``i`` uses ``np.random.default_rng(options.seed + i)``.
 * Symbolic dims take their value from ``options.dims``; else from an array the user provided
   for another input with the same dim name; else a batch-like dim (named ``N``, ``B``,
-  ``batch``, ``batch_size`` or containing ``batch``, case-insensitive) is 1, a dim spelled as
+  ``batch``, ``batch_size`` or containing ``batch``, case-insensitive) is 2 (1 when the
+  reference cannot run at 2: exports that traced batch 1 as a constant), a dim spelled as
   an expression of named dims (torch's ``s16 + s62``, an attention mask as long as the past
   and the new tokens) is computed from theirs, and any other symbolic or unknown dim is 8.
 * ``options.input_ranges[name] = (lo, hi)`` wins over every rule below. Floats are uniform in
@@ -100,7 +101,7 @@ InputKey = str | int
 _PROTO_LIMIT_BYTES = int(1.8 * 1024**3)
 
 _BATCH_NAMES = frozenset({"n", "b", "batch", "batch_size"})
-_DEFAULT_BATCH = 1
+_FALLBACK_BATCH = 1
 _DEFAULT_DIM = 8
 _DEFAULT_INT_HIGH = 10
 # Widest generated floats of the float16 range sample: |x| > 256 squares past 65504.
@@ -171,6 +172,9 @@ class ValidationOptions:
     atol: float | None = None
     fp16_range_sample: bool = True
     """Add the range sample (module docstring) when the model computes in float16."""
+    batch: int = 2
+    """Batch-like dims not bound otherwise: 2, so a rewrite that mixes up the batch axis
+    shows (at 1 it cannot); ``run_reference`` falls back to 1 for a model that fails at 2."""
 
 
 class ProgressStep(str):
@@ -496,7 +500,7 @@ def generate_inputs(
             result[name] = feeds[name]
             continue
         dtype, shape = _tensor_signature(value)
-        dims = tuple(_resolve_dim(d, options.dims, bound, named) for d in shape)
+        dims = tuple(_resolve_dim(d, options.dims, bound, named, options.batch) for d in shape)
         result[name] = np.asarray(_generate(
             value, dtype, dims, rng, options.input_ranges.get(name), float_range or (-1.0, 1.0)
         ))
@@ -524,7 +528,7 @@ def _tensor_signature(value: ir.Value) -> tuple[ir.DataType, ir.Shape]:
 
 
 def _resolve_dim(dim: int | ir.SymbolicDim, dims: Mapping[str, int], bound: Mapping[str, int],
-                 named: Collection[str] = ()):
+                 named: Collection[str] = (), batch: int = 2):
     if isinstance(dim, int):
         # -1 is how older exporters (Paddle2ONNX) spell a dynamic dim: an unnamed one.
         return dim if dim >= 0 else _DEFAULT_DIM
@@ -536,17 +540,27 @@ def _resolve_dim(dim: int | ir.SymbolicDim, dims: Mapping[str, int], bound: Mapp
     if name in bound:
         return bound[name]
     if not name.isidentifier():  # torch's "s16 + s62" (past + new length): its symbols' sum
-        computed = _expression_dim(dim, dims, bound, named)
+        computed = _expression_dim(dim, dims, bound, named, batch)
         if computed is not None:
             return computed
+    return batch if _batch_like(name) else _DEFAULT_DIM
+
+
+def _batch_like(name: str) -> bool:
     lowered = name.lower()
-    if lowered in _BATCH_NAMES or "batch" in lowered:
-        return _DEFAULT_BATCH
-    return _DEFAULT_DIM
+    return lowered in _BATCH_NAMES or "batch" in lowered
+
+
+def _is_batch_dim(dim: int | ir.SymbolicDim, options: ValidationOptions) -> bool:
+    """Whether generating ``dim`` takes ``options.batch`` (a batch-like name not bound by
+    ``--dim``; a dim bound by a given array is not in a generated input's shape alone)."""
+    if isinstance(dim, int) or dim.value is None or dim.value in options.dims:
+        return False
+    return _batch_like(dim.value)
 
 
 def _expression_dim(dim: ir.SymbolicDim, dims: Mapping[str, int], bound: Mapping[str, int],
-                    named: Collection[str]) -> int | None:
+                    named: Collection[str], batch: int) -> int | None:
     """A dim spelled as an expression of dims that inputs name on their own (torch's
     ``s16 + s62``), each resolved as such; None for anything else (``seq-len`` is a name,
     not a difference) and for a result below 1."""
@@ -554,7 +568,8 @@ def _expression_dim(dim: ir.SymbolicDim, dims: Mapping[str, int], bound: Mapping
     if symbols is None:
         return None
     try:
-        value = dim.evaluate({s: _resolve_dim(ir.SymbolicDim(s), dims, bound) for s in symbols})
+        value = dim.evaluate({s: _resolve_dim(ir.SymbolicDim(s), dims, bound, (), batch)
+                              for s in symbols})
     except Exception:  # noqa: BLE001 - an expression onnx-ir cannot evaluate
         return None
     return int(value) if isinstance(value, int) and value >= 1 else None
@@ -1363,6 +1378,30 @@ def run_reference(
     notify = progress or _ignore
     if options.samples < 1:
         raise BadInputError(f"samples must be at least 1, got {options.samples}")
+    try:
+        return _run_reference(reference, options, notify)
+    except _ReferenceFailure as failure:
+        if options.batch == _FALLBACK_BATCH or not failure.batched:
+            raise failure.error from None
+        notify(f"the input model fails at batch {options.batch}; "
+               f"validating at batch {_FALLBACK_BATCH}")
+    try:
+        return _run_reference(reference, replace(options, batch=_FALLBACK_BATCH), notify)
+    except _ReferenceFailure as failure:
+        raise failure.error from None
+
+
+class _ReferenceFailure(Exception):
+    """onnxruntime could not run the reference on generated inputs; ``batched``: some
+    batch-like dim was generated at ``ValidationOptions.batch`` (another batch may work)."""
+
+    def __init__(self, error: BadInputError, batched: bool) -> None:
+        super().__init__(str(error))
+        self.error, self.batched = error, batched
+
+
+def _run_reference(reference: ModelSource, options: ValidationOptions,
+                   notify: Progress) -> ReferenceRun:
     reference_ir = _load_for_inputs(reference)
     feed_sets = []
     for s in range(options.samples):
@@ -1382,6 +1421,9 @@ def run_reference(
             range_sample = len(feed_sets)
             feed_sets.append(feeds)
     dynamic = _dynamic_generated_inputs(reference_ir, options)
+    batched = any(_is_batch_dim(d, options) for name in dynamic
+                  for v in _runtime_inputs(reference_ir) if v.name == name
+                  for d in v.shape or ())
     del reference_ir
     input_shapes = {k: tuple(int(d) for d in np.shape(v)) for k, v in feed_sets[0].items()}
     try:
@@ -1389,10 +1431,10 @@ def run_reference(
             reference, feed_sets, repeats=2, label="reference", notify=notify
         )
     except _OrtFailure as e:
-        raise BadInputError(
+        raise _ReferenceFailure(BadInputError(
             f"onnxruntime cannot run the input model: {_first_line(e.message)}"
             f"{_generated_hint(dynamic, input_shapes)}"
-        ) from None
+        ), batched) from None
     if options.inputs:
         _check_not_vacuous(runs[0][0])
     unstable = []

@@ -104,7 +104,7 @@ def test_markdown_headline_rules_validation_and_top_nodes(cnn_doc):
     bn_saved = (BN1) + (CONV3 + BN3 - CONV3_FOLDED)
     assert f"| `conv-bn-fold` | 2 | {bn_saved / KIB:.1f} KiB |" in text
     assert f"| `conv-mul-fold` | 1 | {MUL2 / KIB:.1f} KiB |" in text
-    assert re.search(r"\| `logits` \| float32 \| \\\[1, 10\\\] \|.*\| ✅ ok \|", text)
+    assert re.search(r"\| `logits` \| float32 \| \\\[2, 10\\\] \|.*\| ✅ ok \|", text)
     # top node after: relu1 reads and writes 16x32x32 fp32 = 64 KiB each way
     top = text.split("### Top 10 nodes by traffic (after)")[1]
     assert top.splitlines()[4] == "| `relu1` | Relu | 64.0 KiB | 64.0 KiB |"

@@ -114,9 +114,9 @@ def test_success(capsys, tmp_path: Path, cnn: Path) -> None:
     assert (conv1["name"], conv1["bytes_read"], conv1["bytes_written"]) == (
         "conv1", (3 * 32 * 32 + 16 * 3 * 9 + 16) * 4, 16 * 32 * 32 * 4)
     validation = doc["validation"]
-    assert validation["passed"] and validation["input_shapes"] == {"image": [1, 3, 32, 32]}
+    assert validation["passed"] and validation["input_shapes"] == {"image": [2, 3, 32, 32]}
     (logits,) = validation["outputs"]
-    assert logits["shape"] == [1, 10] and sum(logits["error_histogram"].values()) == 10
+    assert logits["shape"] == [2, 10] and sum(logits["error_histogram"].values()) == 20
     assert doc["bisection"] is None and doc["intermediates"] is None and doc["gates"] == []
     assert set(doc["seconds"]) == {"load", "prepare", "rewrite", "measure", "validate"}
 
@@ -141,9 +141,9 @@ def test_check_intermediates(capsys, tmp_path: Path, cnn: Path) -> None:
                               "--check-only")
     assert code == 0 and doc["output"] is None
     boundaries = [(b["value"], b["rule"], b["shape"], b["passed"]) for b in doc["intermediates"]]
-    assert boundaries == [("bn1", "conv-bn-fold", [1, 16, 32, 32], True),
-                          ("shift2", "conv-add-fold", [1, 32, 16, 16], True),
-                          ("bn3", "conv-bn-fold", [1, 32, 16, 16], True)]
+    assert boundaries == [("bn1", "conv-bn-fold", [2, 16, 32, 32], True),
+                          ("shift2", "conv-add-fold", [2, 32, 16, 16], True),
+                          ("bn3", "conv-bn-fold", [2, 32, 16, 16], True)]
     assert "intermediates" in doc["seconds"]
 
 

@@ -52,9 +52,9 @@ def test_identical_models_pass_with_zero_error():
     out = only(result)
     assert (out.max_abs, out.max_rel, out.mean_abs, out.pct_out_of_tol) == (0, 0, 0, 0)
     assert out.cosine == pytest.approx(1.0)
-    assert out.dtype == "float32" and out.shape == (1, 3)
+    assert out.dtype == "float32" and out.shape == (2, 3)  # batch-like N: 2
     assert (out.rtol, out.atol) == (1e-4, 1e-5)
-    assert result.input_shapes == {"x": (1, 3)}
+    assert result.input_shapes == {"x": (2, 3)}
 
 
 def test_perturbed_constant_fails_with_exact_max_abs():
@@ -65,7 +65,7 @@ def test_perturbed_constant_fails_with_exact_max_abs():
     assert out.max_abs == pytest.approx(0.5, abs=1e-6)
     assert out.mean_abs == pytest.approx(0.5 / 3, abs=1e-6)
     assert out.pct_out_of_tol == pytest.approx(100 / 3)
-    assert "1 of 3 elements" in out.reason
+    assert "2 of 6 elements" in out.reason
 
 
 def test_shape_mismatch_fails_with_reason():
@@ -75,7 +75,7 @@ def test_shape_mismatch_fails_with_reason():
     )
     out = only(v.validate(ref, cand))
     assert not out.passed
-    assert "shape mismatch" in out.reason and "(1, 1, 3)" in out.reason
+    assert "shape mismatch" in out.reason and "(1, 2, 3)" in out.reason
 
 
 def test_dtype_mismatch_fails_with_reason():
@@ -206,7 +206,7 @@ def test_token_ids_feeding_gather_stay_in_range_and_model_runs():
     options = v.ValidationOptions(dims={"S": 400})
     feeds = v.generate_inputs(m, options)
     ids = feeds["ids"]
-    assert ids.dtype == np.int32 and ids.shape == (1, 400)
+    assert ids.dtype == np.int32 and ids.shape == (2, 400)
     assert ids.min() >= 0 and ids.max() < 50
     assert ids.max() >= 10  # not the default [0, 10) range
     assert v.validate(m, embedding_model(), options).passed
@@ -228,7 +228,7 @@ def test_attention_mask_is_all_ones_and_shares_dims():
         " { y = Mul(input_ids, attention_mask) }"
     )
     feeds = v.generate_inputs(m, v.ValidationOptions(dims={"seq": 6}))
-    assert feeds["attention_mask"].shape == (1, 6)
+    assert feeds["attention_mask"].shape == (2, 6)
     assert np.all(feeds["attention_mask"] == 1)
     ids = feeds["input_ids"]
     assert ids.min() >= 0 and ids.max() < 10
@@ -240,9 +240,9 @@ def test_default_and_bound_dims():
         "{ y = Identity(a) }"
     )
     feeds = v.generate_inputs(m)
-    assert feeds["a"].shape == (1, 8, 3)
-    assert feeds["b"].shape == (1, 8)
-    assert feeds["c"].shape == (1,) and feeds["c"].dtype == np.bool_
+    assert feeds["a"].shape == (2, 8, 3)
+    assert feeds["b"].shape == (2, 8)
+    assert feeds["c"].shape == (2,) and feeds["c"].dtype == np.bool_
     bound = v.generate_inputs(m, v.ValidationOptions(dims={"seq": 5, "N": 2}))
     assert bound["a"].shape == (2, 5, 3)
     with pytest.raises(BadInputError, match="unknown symbolic dim"):
@@ -503,7 +503,7 @@ def test_models_given_as_paths(tmp_path):
     ir.save(add_const("0.0, 1.0, 2.0"), tmp_path / "ref.onnx", external_data="ref.data")
     ir.save(add_const("0.0, 1.0, 2.0"), tmp_path / "cand.onnx")
     result = v.validate(tmp_path / "ref.onnx", str(tmp_path / "cand.onnx"))
-    assert result.passed and result.input_shapes == {"x": (1, 3)}
+    assert result.passed and result.input_shapes == {"x": (2, 3)}
     missing = v.validate(tmp_path / "ref.onnx", tmp_path / "nope.onnx")
     assert not missing.passed and missing.error
 
@@ -530,10 +530,10 @@ def test_to_dict_is_json_ready():
     text = json.dumps(data, allow_nan=False)
     assert json.loads(text)["passed"] is False
     (out,) = data["outputs"]
-    assert out["max_abs"] is None and out["shape"] == [1, 3] and out["reason"]
+    assert out["max_abs"] is None and out["shape"] == [2, 3] and out["reason"]
     ok = v.to_dict(v.validate(add_const("1, 2, 3"), add_const("1, 2, 3")))
     json.dumps(ok, allow_nan=False)
-    assert ok["outputs"][0]["max_abs"] == 0.0 and ok["input_shapes"] == {"x": [1, 3]}
+    assert ok["outputs"][0]["max_abs"] == 0.0 and ok["input_shapes"] == {"x": [2, 3]}
 
 
 # --------------------------------------------------------------------------- input folders
@@ -876,9 +876,9 @@ def test_an_expression_dim_is_computed_from_its_symbols():
         "=> (float[b, s16] y) { y = Relu(x) }"
     )
     feeds = v.generate_inputs(m, v.ValidationOptions(), 0)
-    assert feeds["mask"].shape == (1, 16) and feeds["past"].shape == (1, 2, 8, 4)
+    assert feeds["mask"].shape == (2, 16) and feeds["past"].shape == (2, 2, 8, 4)
     bound = v.generate_inputs(m, v.ValidationOptions(dims={"s62": 3, "s16": 5}), 0)
-    assert bound["mask"].shape == (1, 8) and bound["x"].shape == (1, 5)
+    assert bound["mask"].shape == (2, 8) and bound["x"].shape == (2, 5)
 
 
 def test_a_hyphenated_dim_name_is_a_name_not_a_difference():
@@ -887,6 +887,43 @@ def test_a_hyphenated_dim_name_is_a_name_not_a_difference():
     m = model('g (float[b, "seq-len"] x, float[b, "s1 - s2"] y) => (float[b, "seq-len"] z) '
               "{ z = Relu(x) }")
     feeds = v.generate_inputs(m, v.ValidationOptions(), 0)
-    assert feeds["x"].shape == (1, 8) and feeds["y"].shape == (1, 8)
+    assert feeds["x"].shape == (2, 8) and feeds["y"].shape == (2, 8)
     summed = model('g (float[b, "seq+len"] x) => (float[b, "seq+len"] z) { z = Relu(x) }')
-    assert v.generate_inputs(summed, v.ValidationOptions(), 0)["x"].shape == (1, 8)
+    assert v.generate_inputs(summed, v.ValidationOptions(), 0)["x"].shape == (2, 8)
+
+
+def traced_batch_one(shift: str = "1.0") -> ir.Model:
+    """A dynamic batch in the signature, batch 1 traced into a Reshape target inside: the
+    model runs at batch 1 only."""
+    return model(
+        "g (float[batch, 4] x) => (float[batch, 2, 2] y) "
+        f"<int64[3] t = {{1, 2, 2}}, float c = {{{shift}}}> {{ r = Reshape(x, t)\n y = Add(r, c) }}"
+    )
+
+
+def test_batch_like_dims_are_validated_at_two():
+    """At batch 1 a rewrite that mixes up the batch axis passes; at 2 it shows."""
+    ref = model("g (float[batch, 2, 3] x) => (float[batch, 3, 2] y) "
+                "{ y = Transpose<perm=[0, 2, 1]>(x) }")
+    wrong = model("g (float[batch, 2, 3] x) => (float[batch, 3, 2] y) "
+                  "<int64[3] t = {-1, 3, 2}> { f = Transpose<perm=[2, 1, 0]>(x)\n"
+                  " y = Reshape(f, t) }")
+    result = v.validate(ref, wrong)
+    assert result.input_shapes == {"x": (2, 2, 3)} and not result.passed
+    assert v.validate(ref, wrong, v.ValidationOptions(batch=1)).passed
+
+
+def test_a_model_that_runs_at_batch_one_only_is_validated_at_one():
+    progress: list[str] = []
+    reference = v.run_reference(traced_batch_one(), progress=progress.append)
+    assert reference.input_shapes == {"x": (1, 4)}
+    assert any("fails at batch 2; validating at batch 1" in p for p in progress)
+    assert not v.validate(traced_batch_one(), traced_batch_one("1.5")).passed
+
+
+def test_a_model_failing_at_every_batch_names_the_batch_one_shapes():
+    """No batch helps (W must be 32): the error is the one at batch 1, as before."""
+    needs_w = model("g (float[batch, W] x) => (float[batch, 32] y) <float[32] c> "
+                    "{ y = Add(x, c) }")
+    with pytest.raises(BadInputError, match=r"generated inputs: x \[1, 8\]"):
+        v.run_reference(needs_w)
