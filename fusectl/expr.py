@@ -986,21 +986,12 @@ def _fn_is_graph_output(value: Any) -> bool:
     return value.is_graph_output()
 
 
-def _fn_num_uses(value: Any, depth: int = 0) -> int:
+def _fn_num_uses(value: Any) -> int:
     """How many node inputs read a matched value, plus one when it is a graph output: a
     rule that also writes an intermediate again (the residual sum of a skip norm) fires
-    only when someone outside the match reads it. ``depth`` climbs that many producers up
-    through first inputs first, as ``producer_op`` does: ``num_uses(k, 1)`` counts the
-    readers of the Reshape output in ``k = Transpose(Reshape(x))`` (0 when there is none)."""
+    only when someone outside the match reads it."""
     if not is_value(value):
         raise NoMatch("num_uses() needs a value of the match")
-    if isinstance(depth, bool) or not isinstance(depth, int) or not 0 <= depth <= 8:
-        raise NoMatch("num_uses() climbs 0 to 8 producers")
-    for _ in range(depth):
-        node = value.producer()
-        if node is None or not node.inputs or node.inputs[0] is None:
-            return 0
-        value = node.inputs[0]
     return len(value.uses()) + int(value.is_graph_output())
 
 
