@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -476,10 +476,7 @@ def diff_models(
     else:
         options = validation or ValidationOptions(dims=bound)
         if not options.dims and bound:
-            options = ValidationOptions(
-                inputs=options.inputs, dims=bound, seed=options.seed, samples=options.samples,
-                input_ranges=options.input_ranges, rtol=options.rtol, atol=options.atol,
-            )
+            options = replace(options, dims=bound)
         source_a = a if not isinstance(a, ir.Model) else model_a
         source_b = b if not isinstance(b, ir.Model) else model_b
         result_validation = validate(source_a, source_b, options, progress=say)

@@ -310,15 +310,18 @@ def _proto_all_tensors(proto: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
         yield from _proto_graph_tensors(info.algorithm)
 
 
-def _clear_negative_dims(proto: onnx.ModelProto) -> dict[tuple[str, str], tuple]:
+def _clear_negative_dims(proto: onnx.ModelProto) -> tuple[dict[tuple[str, str], tuple], bool]:
     """Make every negative ``dim_value`` (``-1``: how older exporters such as Paddle2ONNX
     spell a dynamic dim) an unknown dim, in every graph's inputs, outputs and value_info,
     so that shape inference, rules and the traffic model never compute with it. Returns the
     main graph's inputs and outputs that had one, as declared, keyed by ("inputs"|"outputs",
-    name): the saved model declares them as the user's did."""
+    name): the saved model declares them as the user's did; and whether any dim anywhere
+    was cleared (the proto's bytes then differ from the file's)."""
     declared: dict[tuple[str, str], tuple] = {}
+    cleared = False
 
     def clear(type_proto: onnx.TypeProto) -> bool:
+        nonlocal cleared
         kind = type_proto.WhichOneof("value")
         if kind in ("sequence_type", "optional_type"):
             return clear(getattr(type_proto, kind).elem_type)
@@ -329,7 +332,7 @@ def _clear_negative_dims(proto: onnx.ModelProto) -> dict[tuple[str, str], tuple]
         for dim in tensor.shape.dim:
             if dim.HasField("dim_value") and dim.dim_value < 0:
                 dim.ClearField("dim_value")
-                found = True
+                found = cleared = True
         return found
 
     def dims_of(info: onnx.ValueInfoProto) -> tuple:
@@ -357,7 +360,7 @@ def _clear_negative_dims(proto: onnx.ModelProto) -> dict[tuple[str, str], tuple]
         for info in function.value_info:
             clear(info.type)
         walk_subgraphs(function.node)
-    return declared
+    return declared, cleared
 
 
 def _resolve_location(
@@ -532,13 +535,16 @@ def _computed_shapes(proto: onnx.ModelProto, size: int | None,
     if not proto.graph.value_info:
         return None
     if light is not None:
-        bare = onnx.ModelProto.FromString(light)
-        _clear_negative_dims(bare)
-    else:
-        bare = onnx.ModelProto()
-        bare.CopyFrom(proto)  # no light bytes: the proto holds no big weights
-    del bare.graph.value_info[:]
-    return _inferred_shapes(bare, None if light is not None else size)
+        bare = onnx.ModelProto.FromString(light)  # no -1 dims (from_proto checked)
+        del bare.graph.value_info[:]
+        return _inferred_shapes(bare, None)
+    declared = onnx.GraphProto()  # set aside, not copied with the weights
+    declared.value_info.extend(proto.graph.value_info)
+    del proto.graph.value_info[:]
+    try:
+        return _inferred_shapes(proto, size)
+    finally:
+        proto.graph.value_info.extend(declared.value_info)
 
 
 def _set_base_dir(model: ir.Model, base_dir: str) -> None:
@@ -558,8 +564,9 @@ def from_proto(proto: onnx.ModelProto, *, size: int | None = None,
     (remembered, so the saved signature declares them again). ``proto`` is modified.
     ``size`` is its serialized size when known (the file's length), else protobuf's;
     ``light``, the bytes it was parsed from without their big weights, when at hand."""
-    declared = _clear_negative_dims(proto)
-    inferred = _inferred_shapes(proto, size, None if declared else light)  # light has -1s
+    declared, cleared = _clear_negative_dims(proto)
+    light = None if cleared else light  # the light bytes still hold the -1s
+    inferred = _inferred_shapes(proto, size, light)
     computed = _computed_shapes(proto, size, light) if inferred is not None else None
     model = ir.serde.deserialize_model(proto)
     if inferred is not None:

@@ -202,6 +202,8 @@ def _print_comparisons(validation: ValidationResult, console: Console, verbose: 
         scale = f"{validation.range_scale:g}"
         console.print(f"fp16 range sample: generated floats in [-{scale}, {scale}), the widest "
                       "range the model's own float16 values stay finite in")
+    if validation.batch_note:
+        console.print(Text(validation.batch_note, style="yellow"))
     if validation.error:
         console.print(Text(validation.error, style="red"))
     for out in validation.outputs:

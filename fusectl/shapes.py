@@ -315,13 +315,15 @@ def prefer_computed_dims(graph: ir.Graph, computed: onnx.GraphProto) -> int:
     the declared dim stays. The graph's outputs (never in ``value_info``) keep their
     declarations."""
     types = {info.name: info.type for info in computed.value_info}
+    seen: dict[bytes, _TensorFacts | None] = {}  # a handful of distinct types, read once each
     changed = 0
     for node in graph:
         for value in node.outputs:
             inferred = types.get(value.name) if value.name else None
             if inferred is None:
                 continue
-            facts = _tensor_facts(inferred)
+            key = inferred.SerializeToString()
+            facts = seen[key] if key in seen else seen.setdefault(key, _tensor_facts(inferred))
             if facts is None or facts.dims is None or value.shape is None:
                 continue
             current = tuple(_plain_dim(d) for d in value.shape.dims)

@@ -253,6 +253,8 @@ class ValidationResult:
     """The half type the reference computes in (``float16``/``bfloat16``), if any."""
     range_scale: float | None = None
     """Generated floats of the float16 range sample are within this magnitude, if it ran."""
+    batch_note: str | None = None
+    """Why batch-like dims were generated at 1, not 2 (the input model fails at 2)."""
 
     @property
     def passed(self) -> bool:
@@ -274,6 +276,8 @@ class ReferenceRun:
     """Index of the float16 range sample in ``feed_sets``, if one was added."""
     range_scale: float | None = None
     """Its generated floats are uniform in ``[-range_scale, range_scale)``."""
+    batch_note: str | None = None
+    """Set when batch-like dims fell back to 1: why (the error at the default batch)."""
     compute_dtype: np.dtype | None = None
     float64_run: Float64Outputs = field(default_factory=lambda: Float64Outputs(None),
                                         compare=False, repr=False)
@@ -476,6 +480,9 @@ def generate_inputs(
             raise BadInputError(f"dim {dim_name}={dim_value!r}: expected a non-negative integer")
         if dim_value < 0:
             raise BadInputError(f"dim {dim_name}={dim_value}: expected a non-negative integer")
+    if isinstance(options.batch, bool) or not isinstance(options.batch, (int, np.integer)) \
+            or options.batch < 1:
+        raise BadInputError(f"batch {options.batch!r}: expected a positive integer")
     for range_name, bounds in options.input_ranges.items():
         lo, hi = bounds
         if not lo <= hi:
@@ -551,12 +558,16 @@ def _batch_like(name: str) -> bool:
     return lowered in _BATCH_NAMES or "batch" in lowered
 
 
-def _is_batch_dim(dim: int | ir.SymbolicDim, options: ValidationOptions) -> bool:
-    """Whether generating ``dim`` takes ``options.batch`` (a batch-like name not bound by
-    ``--dim``; a dim bound by a given array is not in a generated input's shape alone)."""
-    if isinstance(dim, int) or dim.value is None or dim.value in options.dims:
-        return False
-    return _batch_like(dim.value)
+def _generates_batch(model: ir.Model, options: ValidationOptions) -> bool:
+    """Whether some generated input has a dim that takes ``options.batch``: a batch-like
+    name bound neither by ``--dim`` nor by an array the user gave (by name or position)."""
+    runtime = _runtime_inputs(model)
+    given = dict(_resolve_positions(options.inputs or {}, [v.name or "" for v in runtime]))
+    bound = {d.value for v in runtime if v.name in given for d in v.shape or ()
+             if isinstance(d, ir.SymbolicDim)}
+    return any(isinstance(d, ir.SymbolicDim) and d.value is not None and _batch_like(d.value)
+               and d.value not in options.dims and d.value not in bound
+               for v in runtime if v.name not in given for d in v.shape or ())
 
 
 def _expression_dim(dim: ir.SymbolicDim, dims: Mapping[str, int], bound: Mapping[str, int],
@@ -861,8 +872,9 @@ def _session_options() -> ort.SessionOptions:
 
 def _dynamic_generated_inputs(model: ir.Model, options: ValidationOptions) -> list[str]:
     """Inputs generated (not given) whose shape has a dynamic dim."""
-    given = {k for k in (options.inputs or {}) if isinstance(k, str)}
-    return [v.name or "" for v in _runtime_inputs(model)
+    runtime = _runtime_inputs(model)
+    given = dict(_resolve_positions(options.inputs or {}, [v.name or "" for v in runtime]))
+    return [v.name or "" for v in runtime
             if v.name not in given and v.shape is not None
             and any(not isinstance(d, int) or d < 0 for d in v.shape)]
 
@@ -1383,12 +1395,14 @@ def run_reference(
     except _ReferenceFailure as failure:
         if options.batch == _FALLBACK_BATCH or not failure.batched:
             raise failure.error from None
-        notify(f"the input model fails at batch {options.batch}; "
-               f"validating at batch {_FALLBACK_BATCH}")
+        note = (f"batch-like dims generated at {_FALLBACK_BATCH}: the input model fails at "
+                f"batch {options.batch} ({failure.error})")
+        notify(note)
     try:
-        return _run_reference(reference, replace(options, batch=_FALLBACK_BATCH), notify)
+        run = _run_reference(reference, replace(options, batch=_FALLBACK_BATCH), notify)
     except _ReferenceFailure as failure:
         raise failure.error from None
+    return replace(run, batch_note=note)
 
 
 class _ReferenceFailure(Exception):
@@ -1421,9 +1435,7 @@ def _run_reference(reference: ModelSource, options: ValidationOptions,
             range_sample = len(feed_sets)
             feed_sets.append(feeds)
     dynamic = _dynamic_generated_inputs(reference_ir, options)
-    batched = any(_is_batch_dim(d, options) for name in dynamic
-                  for v in _runtime_inputs(reference_ir) if v.name == name
-                  for d in v.shape or ())
+    batched = _generates_batch(reference_ir, options)
     del reference_ir
     input_shapes = {k: tuple(int(d) for d in np.shape(v)) for k, v in feed_sets[0].items()}
     try:
@@ -1434,7 +1446,7 @@ def _run_reference(reference: ModelSource, options: ValidationOptions,
         raise _ReferenceFailure(BadInputError(
             f"onnxruntime cannot run the input model: {_first_line(e.message)}"
             f"{_generated_hint(dynamic, input_shapes)}"
-        ), batched) from None
+        ), batched and e.stage != "session creation") from None
     if options.inputs:
         _check_not_vacuous(runs[0][0])
     unstable = []
@@ -1534,6 +1546,7 @@ def check_candidate(
             samples=len(reference.feed_sets),
             compute_dtype=compute_name,
             range_scale=reference.range_scale,
+            batch_note=reference.batch_note,
         )
     notify("comparing outputs")
     comparisons: list[OutputComparison] = []
@@ -1560,6 +1573,7 @@ def check_candidate(
         samples=len(reference.feed_sets),
         compute_dtype=compute_name,
         range_scale=reference.range_scale,
+        batch_note=reference.batch_note,
     )
 
 
@@ -1703,6 +1717,7 @@ def to_dict(result: ValidationResult) -> dict[str, Any]:
         "samples": int(result.samples),
         "compute_dtype": result.compute_dtype,
         "range_scale": result.range_scale,
+        "batch_note": result.batch_note,
         "outputs": [comparison_to_dict(o) for o in result.outputs],
     }
 

@@ -241,3 +241,16 @@ def test_report_path_clash_is_refused_before_work(capsys, tmp_path: Path, models
     code, _, err = run(capsys, "diff", models["base"], models["perturbed"],
                        "--json", models["base"])
     assert code == 2 and "would overwrite" in err
+
+
+def test_validation_options_survive_the_diffs_own_dims() -> None:
+    """``dims`` fills the options' dims; the rest of the options (the batch too) stay."""
+    from fusectl.diff import diff_models
+    from fusectl.validate import ValidationOptions
+
+    text = """<ir_version: 8, opset_import: ["" : 17]>
+    g (float[batch, seq] x) => (float[batch, seq] y) { y = Relu(x) }"""
+    a = ir.serde.deserialize_model(onnx.parser.parse_model(text))
+    b = ir.serde.deserialize_model(onnx.parser.parse_model(text))
+    result = diff_models(a, b, validation=ValidationOptions(batch=3, seed=5), dims={"seq": 4})
+    assert result.validation is not None and result.validation.input_shapes == {"x": (3, 4)}

@@ -1001,3 +1001,36 @@ def test_a_declared_name_stays_where_inference_cannot_tell(tmp_path: Path) -> No
     shapes = {v.name: v.shape for n in model.graph for v in n.outputs}
     assert shapes["r"] == ir.Shape(["S", 8])
     assert shapes["w"] == ir.Shape(["N", 4])
+
+
+def test_a_minus_one_only_in_value_info_is_dynamic_on_the_light_path(tmp_path: Path) -> None:
+    """The weights make the loader infer on the file's bytes without them; those bytes still
+    hold a ``-1`` that only ``value_info`` declares, which must not reach the IR."""
+    w = np.ones((256, 128), np.float32)  # 128 KiB: the light path
+    graph = oh.make_graph(
+        [oh.make_node("MatMul", ["x", "w"], ["m"]), oh.make_node("Reshape", ["m", "t"], ["r"]),
+         oh.make_node("Relu", ["r"], ["y"])], "g",
+        [oh.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 256]),
+         oh.make_tensor_value_info("t", TensorProto.INT64, [2])],
+        [oh.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [nh.from_array(w, "w")],
+        value_info=[oh.make_tensor_value_info("r", TensorProto.FLOAT, [-1, 128])])
+    path = tmp_path / "minus_one.onnx"
+    onnx.save(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)], ir_version=8), path)
+    model = load_model(path)
+    shapes = {v.name: v.shape for n in model.graph for v in n.outputs}
+    assert shapes["r"] is not None and all(not isinstance(d, int) or d >= 0
+                                           for d in shapes["r"].dims)
+    assert shapes["m"] == ir.Shape(["N", 128])
+
+
+def test_an_in_memory_proto_is_checked_against_its_arithmetic_too(tmp_path: Path) -> None:
+    """No file bytes: the declarations are set aside for the second inference (not a copy
+    of the whole proto) and put back."""
+    path = tmp_path / "stale.onnx"
+    _stale_batch_model(path)
+    proto = onnx.load(path)
+    model = modelio.from_proto(proto)
+    relu = next(n for n in model.graph if n.op_type == "Relu")
+    assert relu.outputs[0].shape == ir.Shape(["N", 4])
+    assert [v.name for v in proto.graph.value_info] == ["a"]

@@ -917,13 +917,48 @@ def test_a_model_that_runs_at_batch_one_only_is_validated_at_one():
     progress: list[str] = []
     reference = v.run_reference(traced_batch_one(), progress=progress.append)
     assert reference.input_shapes == {"x": (1, 4)}
-    assert any("fails at batch 2; validating at batch 1" in p for p in progress)
+    assert reference.batch_note and "fails at batch 2" in reference.batch_note
+    assert reference.batch_note in progress
+    result = v.validate(traced_batch_one(), traced_batch_one())
+    assert result.passed and v.to_dict(result)["batch_note"] == reference.batch_note
     assert not v.validate(traced_batch_one(), traced_batch_one("1.5")).passed
+    assert v.validate(add_const("1, 2, 3"), add_const("1, 2, 3")).batch_note is None
+
+
+def test_no_second_batch_when_the_batch_is_not_why_it_fails():
+    """A session that cannot be created, or a batch the user's own array binds: a retry at
+    batch 1 would fail the same way, so none is made."""
+    progress: list[str] = []
+    unknown_op = model("g (float[batch, 4] x) => (float[batch, 4] y) { y = Relu(x) }",
+                       header='<ir_version: 8, opset_import: ["" : 17, "x.custom" : 1]>')
+    unknown_op.graph.node(0).domain = "x.custom"
+    with pytest.raises(BadInputError, match="cannot run the input model"):
+        v.run_reference(unknown_op, progress=progress.append)
+    with pytest.raises(BadInputError, match=r"requested shape:\{1,2,2\}"):
+        v.run_reference(traced_batch_one(), v.ValidationOptions(
+            inputs={"x": np.ones((3, 4), np.float32)}), progress=progress.append)
+    two = model("g (float[batch, 4] x, float[batch, 4] m) => (float[batch, 2, 2] y) "
+                "<int64[3] t = {1, 2, 2}> { s = Add(x, m)\n y = Reshape(s, t) }")
+    with pytest.raises(BadInputError, match="requested shape"):  # x's batch 3 binds m's
+        v.run_reference(two, v.ValidationOptions(inputs={"x": np.ones((3, 4), np.float32)}),
+                        progress=progress.append)
+    with pytest.raises(BadInputError):
+        v.run_reference(traced_batch_one(), v.ValidationOptions(dims={"batch": 2}),
+                        progress=progress.append)
+    assert not any("generated at 1" in p for p in progress)
+
+
+@pytest.mark.parametrize("batch", [0, -1, True])
+def test_a_batch_below_one_is_refused(batch):
+    with pytest.raises(BadInputError, match="expected a positive integer"):
+        v.generate_inputs(traced_batch_one(), v.ValidationOptions(batch=batch))
 
 
 def test_a_model_failing_at_every_batch_names_the_batch_one_shapes():
     """No batch helps (W must be 32): the error is the one at batch 1, as before."""
-    needs_w = model("g (float[batch, W] x) => (float[batch, 32] y) <float[32] c> "
+    needs_w = model("g (float[batch, W] x, float[32] c) => (float[batch, 32] y) "
                     "{ y = Add(x, c) }")
+    progress: list[str] = []
     with pytest.raises(BadInputError, match=r"generated inputs: x \[1, 8\]"):
-        v.run_reference(needs_w)
+        v.run_reference(needs_w, progress=progress.append)
+    assert any("generated at 1" in p for p in progress)  # it did try batch 1
