@@ -1234,6 +1234,49 @@ def _fn_tiling_sizes(ranges: Any, value: Any) -> np.ndarray:
     return np.asarray(sizes, dtype=np.int64)
 
 
+def _fn_einsum_matmul(equation: Any, rank_a: Any, rank_b: Any) -> list[Any]:
+    """How a two-operand Einsum is one MatMul: ``[perm_first, perm_second, swap]``. The
+    product is ``MatMul(first, second)``, first and second being the operands in order, or
+    swapped when ``swap``; each is transposed by its perm, None where it needs none. The
+    equation must spell its output (``->``), repeat no letter within a term, use no
+    ellipsis, and have batch letters (in both operands and the output), exactly one summed
+    letter (both operands, not the output) and one free letter per operand, the output
+    ending with the two free letters (``bhid,bhjd->bhij``, ``bij,bjk->bik``, ``ij,jk->ki``:
+    swapped, no Transpose after the product)."""
+    if not isinstance(equation, str) or isinstance(rank_a, bool) or isinstance(rank_b, bool):
+        raise NoMatch("einsum_matmul() needs the equation and the operands' ranks")
+    spelled = equation.replace(" ", "")
+    if spelled.count("->") != 1 or "." in spelled:
+        raise NoMatch(f"einsum {equation!r}: no explicit output, or an ellipsis")
+    inputs, out = spelled.split("->")
+    terms = inputs.split(",")
+    if len(terms) != 2:
+        raise NoMatch(f"einsum {equation!r} has {len(terms)} operands, not 2")
+    a, b = terms
+    if (len(a), len(b)) != (rank_a, rank_b):
+        raise NoMatch(f"einsum {equation!r}: terms of ranks {len(a)}, {len(b)}, operands of "
+                      f"ranks {rank_a}, {rank_b}")
+    if not (a + b + out).isalpha() or any(len(set(s)) != len(s) for s in (a, b, out)):
+        raise NoMatch(f"einsum {equation!r}: a letter repeats within a term (a diagonal)")
+    batch = [c for c in out if c in a and c in b]
+    summed = [c for c in a if c in b and c not in out]
+    free_a = [c for c in a if c not in b]
+    free_b = [c for c in b if c not in a]
+    if len(summed) != 1 or len(free_a) != 1 or len(free_b) != 1 \
+            or sorted(out) != sorted(batch + free_a + free_b):
+        raise NoMatch(f"einsum {equation!r} is not one matrix product")
+    k, m, n = summed[0], free_a[0], free_b[0]
+    if list(out[:-2]) != batch or out[-2:] not in (m + n, n + m):
+        raise NoMatch(f"einsum {equation!r}: the output does not end with the free letters")
+    swap = out[-2:] == n + m  # y = b' @ a': [.., n, k] @ [.., k, m]
+    first = [b.index(c) for c in (*batch, n, k)] if swap else \
+        [a.index(c) for c in (*batch, m, k)]
+    second = [a.index(c) for c in (*batch, k, m)] if swap else \
+        [b.index(c) for c in (*batch, k, n)]
+    return [None if first == sorted(first) else first,
+            None if second == sorted(second) else second, swap]
+
+
 def _fn_fits_dtype(value: Any, like: Any) -> bool:
     """Whether a constant computed while folding (numpy works in float32 even for float16
     models) survives the cast to ``like``'s dtype (a value, a dtype name or an ONNX
@@ -1438,6 +1481,7 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     "slice_is_full": _fn_slice_is_full,
     "slice_range": _fn_slice_range,
     "tiling_sizes": _fn_tiling_sizes,
+    "einsum_matmul": _fn_einsum_matmul,
     "transpose_ahead": _fn_transpose_ahead,
     "fits_dtype": _fn_fits_dtype,
     "num_outputs": _fn_num_outputs,

@@ -1,5 +1,5 @@
 """Tests for the expression functions the fully-connected rules (rules/20-linear.yaml) add:
-broadcasts_into and producer_op."""
+broadcasts_into, producer_op and einsum_matmul."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from fusectl.expr import NoMatch, parse
 rank = expr.FUNCTIONS["rank"]
 broadcasts_into = expr.FUNCTIONS["broadcasts_into"]
 producer_op = expr.FUNCTIONS["producer_op"]
+einsum_matmul = expr.FUNCTIONS["einsum_matmul"]
 
 
 
@@ -156,3 +157,44 @@ def test_functions_are_usable_in_rule_expressions() -> None:
     assert condition.evaluate(env) is True
     env["x"] = _output_of("", "Div")
     assert condition.evaluate(env) is False
+
+
+# ------------------------------------------------------------------------------ einsum
+
+
+@pytest.mark.parametrize("equation, a_shape, b_shape", [
+    ("bhid,bhjd->bhij", (2, 3, 5, 4), (2, 3, 7, 4)),
+    ("bhij,bhjd->bhid", (2, 3, 5, 7), (2, 3, 7, 4)),
+    ("ibh,jbh->bij", (5, 2, 4), (7, 2, 4)),
+    ("ibh,jbh->bji", (5, 2, 4), (7, 2, 4)),
+    ("ij,ki->kj", (3, 4), (5, 3)),
+    ("Ab,bC->AC", (3, 4), (4, 5)),
+    ("hbi, hjb -> hji", (2, 3, 4), (2, 5, 3)),
+])
+def test_einsum_matmul_plans_what_numpy_computes(equation, a_shape, b_shape) -> None:
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal(a_shape), rng.standard_normal(b_shape)
+    perm_first, perm_second, swap = einsum_matmul(equation, len(a_shape), len(b_shape))
+    first, second = (b, a) if swap else (a, b)
+    first = first if perm_first is None else first.transpose(perm_first)
+    second = second if perm_second is None else second.transpose(perm_second)
+    np.testing.assert_allclose(first @ second, np.einsum(equation.replace(" ", ""), a, b),
+                               rtol=1e-12)
+
+
+@pytest.mark.parametrize("equation, ranks", [
+    ("ii,ij->ij", (2, 2)),            # diagonal
+    ("ij,jk", (2, 2)),                # implicit output
+    ("...ij,...jk->...ik", (3, 3)),   # ellipsis
+    ("ij,jk->k", (2, 2)),             # a free letter summed away
+    ("ijk,jkl->il", (3, 3)),          # two summed letters
+    ("ij,j->i", (2, 1)),              # matrix times vector
+    ("i,j->ij", (1, 1)),              # outer product
+    ("bij,bjk->ibk", (3, 3)),         # batch between the free letters
+    ("ij,jk,kl->il", (2, 2)),         # three operands
+    ("ij,jk->ik", (3, 2)),            # ranks that are not the terms'
+    ("i1,1k->ik", (2, 2)),            # not letters
+])
+def test_einsum_matmul_refuses_what_is_not_one_product(equation, ranks) -> None:
+    with pytest.raises(NoMatch):
+        einsum_matmul(equation, *ranks)
