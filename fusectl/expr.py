@@ -1217,6 +1217,73 @@ def _fn_transpose_ahead(*values: Any) -> bool:
     return False
 
 
+_HEAD_PERM = [0, 2, 1, 3]
+
+
+def _is_head_transpose(value: ir.Value) -> bool:
+    node = value.producer()
+    if node is None or node.op_type != "Transpose" or node.domain not in ("", "ai.onnx"):
+        return False
+    perm = node.attributes.get("perm")
+    return perm is not None and list(perm.value) == _HEAD_PERM
+
+
+def _one_head(value: ir.Value) -> bool:
+    """Whether [B,H,S,D] heads are known to be one head."""
+    shape = value.shape
+    return shape is not None and len(shape) == 4 and shape[1] == 1
+
+
+def _is_plain_rotary(node: ir.Node) -> bool:
+    return (node.op_type == "RotaryEmbedding" and node.domain in ("", "ai.onnx")
+            and "num_heads" not in node.attributes)
+
+
+def _fn_feeds_heads(*values: Any) -> bool:
+    """Whether ``values`` (about to be [B,H,S,D] heads transposed from [B,S,H,D]: Split parts
+    once a Transpose is pushed below the Split, or a RotaryEmbedding whose Transpose moves
+    below it) are read only by standard Attention nodes, directly or through a 4-D
+    RotaryEmbedding, whose other query, key and value inputs are such heads too: each
+    Transpose is then taken away by the 3-D Attention (attention-heads-from-views), so
+    moving it costs nothing in the end, where otherwise it would add nodes."""
+    present = [v for v in values if is_value(v)]
+    if not present:
+        return False
+    ours = {id(v) for v in present}
+    attentions: dict[int, ir.Node] = {}
+    for value in present:
+        if value.is_graph_output() or not value.uses():
+            return False
+        for use in value.uses():
+            node = use.node
+            if _is_plain_rotary(node) and use.idx == 0:
+                out = node.outputs[0]
+                ours.add(id(out))
+                readers = [u.node for u in out.uses()]
+                if out.is_graph_output() or not readers:
+                    return False
+            elif node.domain in ("", "ai.onnx") and node.op_type == "Attention" and use.idx < 3:
+                readers = [node]
+            else:
+                return False
+            for reader in readers:
+                if reader.domain not in ("", "ai.onnx") or reader.op_type != "Attention":
+                    return False
+                attentions[id(reader)] = reader
+
+    def ready(value: ir.Value | None) -> bool:
+        if value is None or _one_head(value):
+            return False  # a Transpose moving one head is rewritten as a Reshape first
+        if id(value) in ours or _is_head_transpose(value):
+            return True
+        node = value.producer()
+        return node is not None and _is_plain_rotary(node) and node.inputs[0] is not None \
+            and (id(node.inputs[0]) in ours or _is_head_transpose(node.inputs[0]))
+
+    return all(len(a.inputs) >= 3 and all(ready(v) for v in a.inputs[:3])
+               for a in attentions.values())
+
+
 def _fn_tiling_sizes(ranges: Any, value: Any) -> np.ndarray:
     """The Split sizes of slices ``[axis, begin, end]`` (in member order) that cover one
     axis of ``value`` exactly, end to end, without gaps or overlaps."""
@@ -1234,7 +1301,7 @@ def _fn_tiling_sizes(ranges: Any, value: Any) -> np.ndarray:
     return np.asarray(sizes, dtype=np.int64)
 
 
-def _fn_einsum_matmul(equation: Any, rank_a: Any, rank_b: Any) -> list[Any]:
+def _fn_einsum_matmul(equation: Any, a_value: Any, b_value: Any) -> list[Any]:
     """How a two-operand Einsum is one MatMul: ``[perm_first, perm_second, swap]``. The
     product is ``MatMul(first, second)``, first and second being the operands in order, or
     swapped when ``swap``; each is transposed by its perm, None where it needs none. The
@@ -1242,9 +1309,12 @@ def _fn_einsum_matmul(equation: Any, rank_a: Any, rank_b: Any) -> list[Any]:
     ellipsis, and have batch letters (in both operands and the output), exactly one summed
     letter (both operands, not the output) and one free letter per operand, the output
     ending with the two free letters (``bhid,bhjd->bhij``, ``bij,bjk->bik``, ``ij,jk->ki``:
-    swapped, no Transpose after the product)."""
-    if not isinstance(equation, str) or isinstance(rank_a, bool) or isinstance(rank_b, bool):
-        raise NoMatch("einsum_matmul() needs the equation and the operands' ranks")
+    swapped, no Transpose after the product). The summed letter's dims must be known equal:
+    Einsum broadcasts a summed dim of 1 against N, MatMul does not."""
+    if not isinstance(equation, str):
+        raise NoMatch("einsum_matmul() needs the equation and the two operands")
+    dims_a, dims_b = _shape_of(a_value), _shape_of(b_value)
+    rank_a, rank_b = len(dims_a), len(dims_b)
     spelled = equation.replace(" ", "")
     if spelled.count("->") != 1 or "." in spelled:
         raise NoMatch(f"einsum {equation!r}: no explicit output, or an ellipsis")
@@ -1266,6 +1336,9 @@ def _fn_einsum_matmul(equation: Any, rank_a: Any, rank_b: Any) -> list[Any]:
             or sorted(out) != sorted(batch + free_a + free_b):
         raise NoMatch(f"einsum {equation!r} is not one matrix product")
     k, m, n = summed[0], free_a[0], free_b[0]
+    if dims_a[a.index(k)] != dims_b[b.index(k)]:
+        raise NoMatch(f"einsum {equation!r}: the summed dims {dims_a[a.index(k)]} and "
+                      f"{dims_b[b.index(k)]} are not known equal (Einsum broadcasts a 1)")
     if list(out[:-2]) != batch or out[-2:] not in (m + n, n + m):
         raise NoMatch(f"einsum {equation!r}: the output does not end with the free letters")
     swap = out[-2:] == n + m  # y = b' @ a': [.., n, k] @ [.., k, m]
@@ -1401,7 +1474,7 @@ def _fn_positions(batch: Any, seq: Any) -> np.ndarray:
     return np.arange(batch * seq, dtype=np.int64).reshape(batch, seq)
 
 
-FAR_REACHING = frozenset({"transpose_ahead", "is_finite_mask", "is_finite_scores",
+FAR_REACHING = frozenset({"transpose_ahead", "feeds_heads", "is_finite_mask", "is_finite_scores",
                           "runtime_shape_target", "repeats_halves"})
 """Functions that read the graph beyond a value's producer and its readers (several hops
 down or up). Every other function reads only what a match and its inputs' producers and
@@ -1482,6 +1555,7 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     "slice_range": _fn_slice_range,
     "tiling_sizes": _fn_tiling_sizes,
     "einsum_matmul": _fn_einsum_matmul,
+    "feeds_heads": _fn_feeds_heads,
     "transpose_ahead": _fn_transpose_ahead,
     "fits_dtype": _fn_fits_dtype,
     "num_outputs": _fn_num_outputs,

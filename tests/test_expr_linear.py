@@ -174,7 +174,7 @@ def test_functions_are_usable_in_rule_expressions() -> None:
 def test_einsum_matmul_plans_what_numpy_computes(equation, a_shape, b_shape) -> None:
     rng = np.random.default_rng(0)
     a, b = rng.standard_normal(a_shape), rng.standard_normal(b_shape)
-    perm_first, perm_second, swap = einsum_matmul(equation, len(a_shape), len(b_shape))
+    perm_first, perm_second, swap = einsum_matmul(equation, a, b)
     first, second = (b, a) if swap else (a, b)
     first = first if perm_first is None else first.transpose(perm_first)
     second = second if perm_second is None else second.transpose(perm_second)
@@ -196,5 +196,17 @@ def test_einsum_matmul_plans_what_numpy_computes(equation, a_shape, b_shape) -> 
     ("i1,1k->ik", (2, 2)),            # not letters
 ])
 def test_einsum_matmul_refuses_what_is_not_one_product(equation, ranks) -> None:
+    operands = [np.ones((3,) * rank) for rank in ranks]
     with pytest.raises(NoMatch):
-        einsum_matmul(equation, *ranks)
+        einsum_matmul(equation, *operands)
+
+
+def test_einsum_matmul_needs_summed_dims_known_equal() -> None:
+    """Einsum broadcasts a summed dim of 1 (or of an unrelated symbol) against N, MatMul
+    does not; the same symbol on both sides is equal."""
+    with pytest.raises(NoMatch):
+        einsum_matmul("ij,jk->ik", np.ones((3, 1)), np.ones((4, 5)))
+    with pytest.raises(NoMatch):
+        einsum_matmul("ij,jk->ik", _activation("a", [3, "J"]), _activation("b", ["K", 5]))
+    assert einsum_matmul("ij,jk->ik", _activation("a", [3, "J"]),
+                         _activation("b", ["J", 5])) == [None, None, False]
