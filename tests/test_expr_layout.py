@@ -404,3 +404,63 @@ def test_is_minted_dim_tells_onnx_symbols_from_names() -> None:
     check = fn("is_minted_dim")
     assert check("unk__21")
     assert not check("batch_size") and not check(16) and not check("4*unk__3")
+
+
+def _values_of(text: str) -> dict[str, ir.Value]:
+    import onnx
+
+    proto = onnx.shape_inference.infer_shapes(onnx.parser.parse_model(text))
+    model = ir.serde.deserialize_model(proto)
+    return {v.name: v for node in model.graph for v in node.outputs}
+
+
+_HEADS = """<ir_version: 10, opset_import: ["" : 23]>
+g (float[2,6,{h},24] x, float[2,6,2] c, float[2,6,2] s, float[2,{h},6,8] K)
+  => (float[2,{h},6,8] o{extra_out})
+{{
+  t = Transpose<perm=[0, 2, 1, 3]>(x)  q, k, v = Split<axis=3, num_outputs=3>(t)
+  qr = RotaryEmbedding<rotary_embedding_dim=4>(q, c, s)
+  kt = Transpose<perm=[0, 2, 1, 3]>(x)
+  o = Attention({args})  {extra}
+}}"""
+
+
+def test_feeds_heads_needs_every_head_of_the_attention_transposed() -> None:
+    feeds = fn("feeds_heads")
+    ok = _values_of(_HEADS.format(h=4, args="qr, k, v", extra="", extra_out=""))
+    assert feeds(ok["q"], ok["k"], ok["v"])  # through the rotary, and directly
+    assert not feeds(ok["qr"])  # key and value are Split parts, not head Transposes yet
+    pushed = _values_of("""<ir_version: 10, opset_import: ["" : 23]>
+g (float[2,6,4,24] x, float[2,6,2] c, float[2,6,2] s, float[2,4,6,8] K)
+  => (float[2,4,6,8] o, float[2,4,6,8] p)
+{
+  a, b, e = Split<axis=3, num_outputs=3>(x)
+  q = Transpose<perm=[0, 2, 1, 3]>(a)  k = Transpose<perm=[0, 2, 1, 3]>(b)
+  v = Transpose<perm=[0, 2, 1, 3]>(e)
+  qr = RotaryEmbedding<rotary_embedding_dim=4>(q, c, s)
+  kr = RotaryEmbedding<rotary_embedding_dim=4>(k, c, s)
+  o = Attention(qr, kr, v)  p = Attention(kr, K, v)
+}""")
+    assert feeds(pushed["qr"])  # the Attention it feeds reads heads only
+    assert not feeds(pushed["kr"])  # kr also feeds an Attention whose key K is no head
+    single = _values_of("""<ir_version: 10, opset_import: ["" : 23]>
+g (float[2,6,4,24] x, float[2,6,2] c, float[2,6,2] s) => (float[2,4,6,8] o)
+{
+  a, b, e = Split<axis=3, num_outputs=3>(x)
+  q = Transpose<perm=[0, 2, 1, 3]>(a)  k = Transpose<perm=[0, 2, 1, 3]>(b)
+  v = Transpose<perm=[0, 2, 1, 3]>(e)
+  qr = RotaryEmbedding<rotary_embedding_dim=4>(q, c, s)
+  kr = RotaryEmbedding<rotary_embedding_dim=4>(k, c, s)
+  o = Attention(qr, kr, v)
+}""")
+    assert feeds(single["qr"]) and feeds(single["kr"])
+    other = _values_of(_HEADS.format(h=4, args="qr, K, v", extra="", extra_out=""))
+    assert not feeds(other["q"], other["k"], other["v"])  # the key is no head Transpose
+    read = _values_of(_HEADS.format(h=4, args="qr, k, v", extra="w = Relu(v)",
+                                    extra_out=", float[2,4,6,8] w"))
+    assert not feeds(read["q"], read["k"], read["v"])  # v also read by a Relu
+    out = _values_of(_HEADS.format(h=4, args="qr, k, v", extra="", extra_out=", float[2,4,6,8] qr"))
+    assert not feeds(out["qr"])  # a graph output keeps its layout
+    one = _values_of(_HEADS.format(h=1, args="qr, k, v", extra="", extra_out=""))
+    assert not feeds(one["q"], one["k"], one["v"])  # one head: its Transpose becomes a Reshape
+    assert not feeds(np.ones(2))
