@@ -1304,17 +1304,18 @@ def _fn_tiling_sizes(ranges: Any, value: Any) -> np.ndarray:
 def _fn_einsum_matmul(equation: Any, a_value: Any, b_value: Any) -> list[Any]:
     """How a two-operand Einsum is one MatMul: ``[perm_first, perm_second, swap]``. The
     product is ``MatMul(first, second)``, first and second being the operands in order, or
-    swapped when ``swap``; each is transposed by its perm, None where it needs none. The
-    equation must spell its output (``->``), repeat no letter within a term, use no
-    ellipsis, and have batch letters (in both operands and the output), exactly one summed
-    letter (both operands, not the output) and one free letter per operand, the output
-    ending with the two free letters (``bhid,bhjd->bhij``, ``bij,bjk->bik``, ``ij,jk->ki``:
-    swapped, no Transpose after the product). The summed letter's dims must be known equal:
-    Einsum broadcasts a summed dim of 1 against N, MatMul does not."""
+    swapped when ``swap``; each is transposed by its perm, None where it needs none.
+
+    The equation must spell its output (``->``), repeat no letter within a term and use no
+    ellipsis. The output ends with one free letter of each operand (either order: swapped
+    operands); one letter is summed (in both operands, not the output); every other output
+    letter is a batch letter, in both operands, or in one of them while the other is a
+    plain matrix (``bsh,hd->bsd``, a linear layer: MatMul broadcasts it). Covers
+    ``bhid,bhjd->bhij``, ``bij,bjk->bik``, ``ij,jk->ki``. The summed dims must be known
+    equal: Einsum broadcasts a summed dim of 1 against N, MatMul does not."""
     if not isinstance(equation, str):
         raise NoMatch("einsum_matmul() needs the equation and the two operands")
     dims_a, dims_b = _shape_of(a_value), _shape_of(b_value)
-    rank_a, rank_b = len(dims_a), len(dims_b)
     spelled = equation.replace(" ", "")
     if spelled.count("->") != 1 or "." in spelled:
         raise NoMatch(f"einsum {equation!r}: no explicit output, or an ellipsis")
@@ -1323,29 +1324,33 @@ def _fn_einsum_matmul(equation: Any, a_value: Any, b_value: Any) -> list[Any]:
     if len(terms) != 2:
         raise NoMatch(f"einsum {equation!r} has {len(terms)} operands, not 2")
     a, b = terms
-    if (len(a), len(b)) != (rank_a, rank_b):
+    if (len(a), len(b)) != (len(dims_a), len(dims_b)):
         raise NoMatch(f"einsum {equation!r}: terms of ranks {len(a)}, {len(b)}, operands of "
-                      f"ranks {rank_a}, {rank_b}")
+                      f"ranks {len(dims_a)}, {len(dims_b)}")
     if not (a + b + out).isalpha() or any(len(set(s)) != len(s) for s in (a, b, out)):
         raise NoMatch(f"einsum {equation!r}: a letter repeats within a term (a diagonal)")
-    batch = [c for c in out if c in a and c in b]
     summed = [c for c in a if c in b and c not in out]
-    free_a = [c for c in a if c not in b]
-    free_b = [c for c in b if c not in a]
-    if len(summed) != 1 or len(free_a) != 1 or len(free_b) != 1 \
-            or sorted(out) != sorted(batch + free_a + free_b):
+    if len(summed) != 1 or len(out) < 2:
         raise NoMatch(f"einsum {equation!r} is not one matrix product")
-    k, m, n = summed[0], free_a[0], free_b[0]
+    k, batch, ends = summed[0], list(out[:-2]), out[-2:]
+    m = next((c for c in ends if c in a and c not in b), None)
+    n = next((c for c in ends if c in b and c not in a), None)
+    if m is None or n is None or set(a) != {*batch, m, k} & set(a) | {m, k} \
+            or set(b) != {*batch, n, k} & set(b) | {n, k} \
+            or set(a) | set(b) != {*batch, m, n, k}:
+        raise NoMatch(f"einsum {equation!r} is not one matrix product")
+    batch_a, batch_b = [c for c in batch if c in a], [c for c in batch if c in b]
+    if batch_a and batch_a != batch or batch_b and batch_b != batch:
+        raise NoMatch(f"einsum {equation!r}: a batch letter is missing from an operand that "
+                      "has others (MatMul broadcasts a plain matrix only)")
     if dims_a[a.index(k)] != dims_b[b.index(k)]:
         raise NoMatch(f"einsum {equation!r}: the summed dims {dims_a[a.index(k)]} and "
                       f"{dims_b[b.index(k)]} are not known equal (Einsum broadcasts a 1)")
-    if list(out[:-2]) != batch or out[-2:] not in (m + n, n + m):
-        raise NoMatch(f"einsum {equation!r}: the output does not end with the free letters")
-    swap = out[-2:] == n + m  # y = b' @ a': [.., n, k] @ [.., k, m]
-    first = [b.index(c) for c in (*batch, n, k)] if swap else \
-        [a.index(c) for c in (*batch, m, k)]
-    second = [a.index(c) for c in (*batch, k, m)] if swap else \
-        [b.index(c) for c in (*batch, k, n)]
+    swap = ends == n + m  # y = b' @ a': [.., n, k] @ [.., k, m]
+    first = [b.index(c) for c in (*batch_b, n, k)] if swap else \
+        [a.index(c) for c in (*batch_a, m, k)]
+    second = [a.index(c) for c in (*batch_a, k, m)] if swap else \
+        [b.index(c) for c in (*batch_b, k, n)]
     return [None if first == sorted(first) else first,
             None if second == sorted(second) else second, swap]
 

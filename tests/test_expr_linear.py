@@ -170,6 +170,10 @@ def test_functions_are_usable_in_rule_expressions() -> None:
     ("ij,ki->kj", (3, 4), (5, 3)),
     ("Ab,bC->AC", (3, 4), (4, 5)),
     ("hbi, hjb -> hji", (2, 3, 4), (2, 5, 3)),
+    ("bsh,hd->bsd", (2, 3, 4), (4, 5)),      # a linear layer: b is a plain matrix
+    ("hd,bsh->bsd", (4, 5), (2, 3, 4)),      # the same, operands swapped
+    ("ij,bjk->bik", (3, 4), (2, 4, 5)),      # a plain matrix first
+    ("sbh,dh->bsd", (3, 2, 4), (5, 4)),
 ])
 def test_einsum_matmul_plans_what_numpy_computes(equation, a_shape, b_shape) -> None:
     rng = np.random.default_rng(0)
@@ -194,6 +198,9 @@ def test_einsum_matmul_plans_what_numpy_computes(equation, a_shape, b_shape) -> 
     ("ij,jk,kl->il", (2, 2)),         # three operands
     ("ij,jk->ik", (3, 2)),            # ranks that are not the terms'
     ("i1,1k->ik", (2, 2)),            # not letters
+    ("bij,jk->ik", (3, 2)),           # b summed over one operand only
+    ("bij,cjk->bcik", (3, 3)),        # batch letters of each operand alone
+    ("bij,bjk->bikz", (3, 3)),        # an output letter of no operand
 ])
 def test_einsum_matmul_refuses_what_is_not_one_product(equation, ranks) -> None:
     operands = [np.ones((3,) * rank) for rank in ranks]
