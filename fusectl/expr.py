@@ -1281,7 +1281,61 @@ def _fn_feeds_heads(*values: Any) -> bool:
             and (id(node.inputs[0]) in ours or _is_head_transpose(node.inputs[0]))
 
     return all(len(a.inputs) >= 3 and all(ready(v) for v in a.inputs[:3])
-               for a in attentions.values())
+               and _goes_3d(a) for a in attentions.values())
+
+
+def _static_heads(value: ir.Value | None) -> tuple[int, int] | None:
+    """(heads, head size) of [B,H,S,D] heads when both are known and positive."""
+    shape = value.shape if value is not None else None
+    if shape is None or len(shape) != 4:
+        return None
+    heads, size = shape[1], shape[3]
+    if isinstance(heads, int) and isinstance(size, int) and heads > 0 and size > 0:
+        return heads, size
+    return None
+
+
+def _goes_3d(attention: ir.Node) -> bool:
+    """What attention-heads-from-views needs of an Attention besides its heads: no head
+    counts named, no past or present, known head counts and sizes, and the output merged
+    back by Transpose<[0,2,1,3]> and a Reshape to [B,S,H*Dv] (through torch's NaN guard with
+    a one-value fill, if any) and read by nothing else."""
+    named = attention.attributes
+    if "q_num_heads" in named or "kv_num_heads" in named or len(attention.inputs) > 4 \
+            or len(attention.outputs) != 1:
+        return False
+    q, k, v = (_static_heads(x) for x in attention.inputs[:3])
+    if q is None or k is None or v is None:
+        return False
+    out = attention.outputs[0]
+    if out.is_graph_output():
+        return False
+    readers = [u.node for u in out.uses()]
+    if {r.op_type for r in readers} == {"IsNaN", "Where"} and len(readers) == 2:
+        guard = next(r for r in readers if r.op_type == "Where")
+        fill = guard.inputs[1]
+        if fill is None or fill.const_value is None or fill.const_value.size != 1 \
+                or len(fill.const_value.shape) > 1 or guard.outputs[0].is_graph_output():
+            return False
+        readers = [u.node for u in guard.outputs[0].uses()]
+    if len(readers) != 1 or not _is_head_transpose(readers[0].outputs[0]):
+        return False
+    merged = readers[0].outputs[0]
+    if merged.is_graph_output() or [u.node.op_type for u in merged.uses()] != ["Reshape"]:
+        return False
+    reshape = merged.uses()[0].node
+    z, heads = reshape.outputs[0], merged.shape
+    width = q[0] * v[1]
+    if z.shape is None or heads is None or len(heads) != 4 or z.shape[-1] != width:
+        return False
+    if len(z.shape) == 3:
+        return list(z.shape[:2]) == list(heads[:2])
+    target = reshape.inputs[1].const_value if len(reshape.inputs) > 1 and \
+        reshape.inputs[1] is not None else None
+    rows = [heads[0], heads[1]]
+    return len(z.shape) == 2 and (
+        target is not None and target.numpy().tolist() == [-1, width]
+        or all(isinstance(d, int) for d in rows) and z.shape[0] == rows[0] * rows[1])
 
 
 def _fn_tiling_sizes(ranges: Any, value: Any) -> np.ndarray:

@@ -416,51 +416,77 @@ def _values_of(text: str) -> dict[str, ir.Value]:
 
 _HEADS = """<ir_version: 10, opset_import: ["" : 23]>
 g (float[2,6,{h},24] x, float[2,6,2] c, float[2,6,2] s, float[2,{h},6,8] K)
-  => (float[2,{h},6,8] o{extra_out})
+  => (float[2,6,{w}] z{extra_out})
+<int64[3] so = {{2, 6, {w}}}>
 {{
   t = Transpose<perm=[0, 2, 1, 3]>(x)  q, k, v = Split<axis=3, num_outputs=3>(t)
   qr = RotaryEmbedding<rotary_embedding_dim=4>(q, c, s)
-  kt = Transpose<perm=[0, 2, 1, 3]>(x)
   o = Attention({args})  {extra}
+  ot = Transpose<perm=[0, 2, 1, 3]>(o)  z = Reshape(ot, so)
 }}"""
+
+_PUSHED = """<ir_version: 10, opset_import: ["" : 23]>
+g (float[2,6,4,24] x, float[2,6,2] c, float[2,6,2] s, float[2,4,6,8] K)
+  => (float[2,6,32] z{outputs})
+<int64[3] so = {{2, 6, 32}}>
+{{
+  a, b, e = Split<axis=3, num_outputs=3>(x)
+  q = Transpose<perm=[0, 2, 1, 3]>(a)  k = Transpose<perm=[0, 2, 1, 3]>(b)
+  v = Transpose<perm=[0, 2, 1, 3]>(e)
+  qr = RotaryEmbedding<rotary_embedding_dim=4>(q, c, s)
+  kr = RotaryEmbedding<rotary_embedding_dim=4>(k, c, s)
+  o = Attention(qr, kr, v)  {extra}
+  ot = Transpose<perm=[0, 2, 1, 3]>({merged})  z = Reshape(ot, so)
+}}"""
+
+
+def _heads(h: int = 4, args: str = "qr, k, v", extra: str = "", extra_out: str = "") -> dict:
+    return _values_of(_HEADS.format(h=h, w=h * 8, args=args, extra=extra, extra_out=extra_out))
+
+
+def _pushed(extra: str = "", merged: str = "o", outputs: str = "") -> dict:
+    return _values_of(_PUSHED.format(extra=extra, merged=merged, outputs=outputs))
 
 
 def test_feeds_heads_needs_every_head_of_the_attention_transposed() -> None:
     feeds = fn("feeds_heads")
-    ok = _values_of(_HEADS.format(h=4, args="qr, k, v", extra="", extra_out=""))
+    ok = _heads()
     assert feeds(ok["q"], ok["k"], ok["v"])  # through the rotary, and directly
     assert not feeds(ok["qr"])  # key and value are Split parts, not head Transposes yet
-    pushed = _values_of("""<ir_version: 10, opset_import: ["" : 23]>
-g (float[2,6,4,24] x, float[2,6,2] c, float[2,6,2] s, float[2,4,6,8] K)
-  => (float[2,4,6,8] o, float[2,4,6,8] p)
-{
-  a, b, e = Split<axis=3, num_outputs=3>(x)
-  q = Transpose<perm=[0, 2, 1, 3]>(a)  k = Transpose<perm=[0, 2, 1, 3]>(b)
-  v = Transpose<perm=[0, 2, 1, 3]>(e)
-  qr = RotaryEmbedding<rotary_embedding_dim=4>(q, c, s)
-  kr = RotaryEmbedding<rotary_embedding_dim=4>(k, c, s)
-  o = Attention(qr, kr, v)  p = Attention(kr, K, v)
-}""")
-    assert feeds(pushed["qr"])  # the Attention it feeds reads heads only
-    assert not feeds(pushed["kr"])  # kr also feeds an Attention whose key K is no head
-    single = _values_of("""<ir_version: 10, opset_import: ["" : 23]>
-g (float[2,6,4,24] x, float[2,6,2] c, float[2,6,2] s) => (float[2,4,6,8] o)
-{
-  a, b, e = Split<axis=3, num_outputs=3>(x)
-  q = Transpose<perm=[0, 2, 1, 3]>(a)  k = Transpose<perm=[0, 2, 1, 3]>(b)
-  v = Transpose<perm=[0, 2, 1, 3]>(e)
-  qr = RotaryEmbedding<rotary_embedding_dim=4>(q, c, s)
-  kr = RotaryEmbedding<rotary_embedding_dim=4>(k, c, s)
-  o = Attention(qr, kr, v)
-}""")
-    assert feeds(single["qr"]) and feeds(single["kr"])
-    other = _values_of(_HEADS.format(h=4, args="qr, K, v", extra="", extra_out=""))
+    pushed = _pushed()
+    assert feeds(pushed["qr"]) and feeds(pushed["kr"])
+    other = _heads(args="qr, K, v")
     assert not feeds(other["q"], other["k"], other["v"])  # the key is no head Transpose
-    read = _values_of(_HEADS.format(h=4, args="qr, k, v", extra="w = Relu(v)",
-                                    extra_out=", float[2,4,6,8] w"))
+    read = _heads(extra="w = Relu(v)", extra_out=", float[2,4,6,8] w")
     assert not feeds(read["q"], read["k"], read["v"])  # v also read by a Relu
-    out = _values_of(_HEADS.format(h=4, args="qr, k, v", extra="", extra_out=", float[2,4,6,8] qr"))
+    out = _heads(extra_out=", float[2,4,6,8] qr")
     assert not feeds(out["qr"])  # a graph output keeps its layout
-    one = _values_of(_HEADS.format(h=1, args="qr, k, v", extra="", extra_out=""))
+    one = _heads(h=1)
     assert not feeds(one["q"], one["k"], one["v"])  # one head: its Transpose becomes a Reshape
     assert not feeds(np.ones(2))
+
+
+def test_feeds_heads_needs_an_attention_that_goes_3d() -> None:
+    """Moving the Transposes pays only when attention-heads-from-views then converts the
+    Attention: no named head counts, no present outputs, its output merged back."""
+    feeds = fn("feeds_heads")
+    kept = _pushed(extra="r = Relu(o)", outputs=", float[2,4,6,8] r")
+    assert not feeds(kept["qr"])  # the 4-D output is read elsewhere
+    assert not feeds(_pushed(merged="kr", outputs=", float[2,4,6,8] o")["qr"])  # not merged
+    named = _PUSHED.format(extra="", merged="o", outputs="").replace(
+        "Attention(qr, kr, v)", "Attention<q_num_heads=4, kv_num_heads=4>(qr, kr, v)")
+    assert not feeds(_values_of(named)["qr"])
+    present = _PUSHED.format(extra="", merged="o", outputs=", float[2,4,6,8] pk").replace(
+        "o = Attention(qr, kr, v)", "o, pk = Attention(qr, kr, v)")
+    assert not feeds(_values_of(present)["qr"])
+
+
+def test_feeds_heads_follows_the_nan_guard() -> None:
+    """torch's Where(IsNaN(o), 0, o) between the Attention and the merge: converted too,
+    with a one-value fill only (a rank-4 fill would widen the 3-D output)."""
+    feeds = fn("feeds_heads")
+    for fill, expected in (("float zero = {0.0}", True), ("float[1,1,1,1] zero = {0.0}", False)):
+        text = _PUSHED.format(extra="n = IsNaN(o)  g = Where(n, zero, o)", merged="g",
+                              outputs="").replace("<int64[3] so = {2, 6, 32}>",
+                                                  f"<int64[3] so = {{2, 6, 32}}, {fill}>")
+        assert feeds(_values_of(text)["qr"]) is expected
