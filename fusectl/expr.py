@@ -695,14 +695,17 @@ def _fn_reduced_perm(perm: Any, axes: Any, keepdims: Any) -> list[int]:
     return [kept.index(order[k]) for k in range(rank) if k not in reduced]
 
 
-def _fn_fill_reshape_zeros(shape: Any, like: Any, allowzero: Any = 0) -> Any:
+def _fn_fill_reshape_zeros(shape: Any, like: Any, allowzero: Any = 0, source: Any = None) -> Any:
     """A Reshape target that no longer depends on the Reshape's input, so that a chain of
     reshapes can start from an earlier tensor.
 
     With ``allowzero`` 0 (the default) a 0 in the target copies the input's dim at that
-    position; each 0 becomes the static dim of ``like`` (the Reshape's input). Returns
-    ``shape`` itself when it has no 0 or when allowzero is 1 (zeros are then literal and
-    a -1 depends on the element count only, which a chain of reshapes keeps).
+    position; each 0 becomes the static dim of ``like`` (the Reshape's input), or stays a 0
+    where ``like``'s dim is a symbol that ``source`` (the tensor the new Reshape reads) has
+    at the same position: the 0 then copies the same size from it (``[B,S,32]`` viewed as
+    ``[B,S,4,8]`` and back by ``[0,0,32]``). Returns ``shape`` itself when it has no 0 or
+    when allowzero is 1 (zeros are then literal and a -1 depends on the element count
+    only, which a chain of reshapes keeps).
     """
     if allowzero is not None and int(allowzero) != 0:
         return shape
@@ -710,8 +713,13 @@ def _fn_fill_reshape_zeros(shape: Any, like: Any, allowzero: Any = 0) -> Any:
     if 0 not in target:
         return shape
     dims = _shape_of(like)
+    origin = _shape_of(source) if is_value(source) else ()
     filled = []
     for i, dim in enumerate(target):
+        if dim == 0 and i < len(dims) and isinstance(dims[i], str) and i < len(origin) \
+                and origin[i] == dims[i]:
+            filled.append(0)
+            continue
         if dim == 0:
             if i >= len(dims) or not isinstance(dims[i], int):
                 raise NoMatch(f"the dim a 0 copies (axis {i}) is not known statically")
@@ -1355,18 +1363,23 @@ def _fn_tiling_sizes(ranges: Any, value: Any) -> np.ndarray:
     return np.asarray(sizes, dtype=np.int64)
 
 
-def _fn_einsum_matmul(equation: Any, a_value: Any, b_value: Any) -> list[Any]:
-    """How a two-operand Einsum is one MatMul: ``[perm_first, perm_second, swap]``. The
-    product is ``MatMul(first, second)``, first and second being the operands in order, or
-    swapped when ``swap``; each is transposed by its perm, None where it needs none.
+def _fn_einsum_matmul(equation: Any, a_value: Any, b_value: Any,
+                      transposed_output: Any = False) -> list[Any]:
+    """How a two-operand Einsum is one MatMul: ``[perm_first, perm_second, swap, perm_out]``.
+    The product is ``MatMul(first, second)``, first and second being the operands in order,
+    or swapped when ``swap``; each is transposed by its perm, None where it needs none, and
+    the product by ``perm_out``.
 
     The equation must spell its output (``->``), repeat no letter within a term and use no
-    ellipsis. The output ends with one free letter of each operand (either order: swapped
-    operands); one letter is summed (in both operands, not the output); every other output
-    letter is a batch letter, in both operands, or in one of them while the other is a
-    plain matrix (``bsh,hd->bsd``, a linear layer: MatMul broadcasts it). Covers
-    ``bhid,bhjd->bhij``, ``bij,bjk->bik``, ``ij,jk->ki``. The summed dims must be known
-    equal: Einsum broadcasts a summed dim of 1 against N, MatMul does not."""
+    ellipsis; one letter is summed (in both operands, not the output), each operand has one
+    free letter in the output, and every other output letter is a batch letter: in both
+    operands, or (output ending with the free letters) in one of them while the other is a
+    plain matrix, which MatMul broadcasts (``bsh,hd->bsd``). ``bhid,bhjd->bhij``,
+    ``ij,jk->ki`` (swapped operands) and ``bhij,bjhd->bihd`` (the product transposed to
+    [B,S,H,D]) all qualify. Of the plans, the one with fewest Transposes is taken; the rule
+    with ``transposed_output`` takes it when it transposes the product, the other when it
+    does not (NoMatch otherwise). The summed dims must be known equal: Einsum broadcasts a
+    summed dim of 1 against N, MatMul does not."""
     if not isinstance(equation, str):
         raise NoMatch("einsum_matmul() needs the equation and the two operands")
     dims_a, dims_b = _shape_of(a_value), _shape_of(b_value)
@@ -1386,27 +1399,61 @@ def _fn_einsum_matmul(equation: Any, a_value: Any, b_value: Any) -> list[Any]:
     summed = [c for c in a if c in b and c not in out]
     if len(summed) != 1 or len(out) < 2:
         raise NoMatch(f"einsum {equation!r} is not one matrix product")
-    k, batch, ends = summed[0], list(out[:-2]), out[-2:]
-    m = next((c for c in ends if c in a and c not in b), None)
-    n = next((c for c in ends if c in b and c not in a), None)
-    if m is None or n is None or set(a) != {*batch, m, k} & set(a) | {m, k} \
-            or set(b) != {*batch, n, k} & set(b) | {n, k} \
-            or set(a) | set(b) != {*batch, m, n, k}:
-        raise NoMatch(f"einsum {equation!r} is not one matrix product")
-    batch_a, batch_b = [c for c in batch if c in a], [c for c in batch if c in b]
-    if batch_a and batch_a != batch or batch_b and batch_b != batch:
-        raise NoMatch(f"einsum {equation!r}: a batch letter is missing from an operand that "
-                      "has others (MatMul broadcasts a plain matrix only)")
+    k = summed[0]
     if dims_a[a.index(k)] != dims_b[b.index(k)]:
         raise NoMatch(f"einsum {equation!r}: the summed dims {dims_a[a.index(k)]} and "
                       f"{dims_b[b.index(k)]} are not known equal (Einsum broadcasts a 1)")
+    plans = [p for p in (_einsum_in_order(a, b, out, k), _einsum_transposed(a, b, out, k))
+             if p is not None]
+    if not plans:
+        raise NoMatch(f"einsum {equation!r} is not one matrix product")
+    best = min(plans, key=lambda p: sum(x is not None for x in (p[0], p[1], p[3])))
+    if (best[3] is not None) != bool(transposed_output):
+        raise NoMatch(f"einsum {equation!r}: the other form of the product is shorter")
+    return best
+
+
+def _identity_none(perm: list[int]) -> list[int] | None:
+    return None if perm == sorted(perm) else perm
+
+
+def _einsum_in_order(a: str, b: str, out: str, k: str) -> list[Any] | None:
+    """The plan whose product is the output (in order, or swapped operands): the output
+    ends with the free letters; batch letters in both operands, or in one of them while
+    the other is a plain matrix."""
+    batch, ends = list(out[:-2]), out[-2:]
+    m = next((c for c in ends if c in a and c not in b), None)
+    n = next((c for c in ends if c in b and c not in a), None)
+    if m is None or n is None or set(a) - set(batch) != {m, k} \
+            or set(b) - set(batch) != {n, k} or not set(batch) <= set(a) | set(b):
+        return None
+    batch_a, batch_b = [c for c in batch if c in a], [c for c in batch if c in b]
+    if batch_a and batch_a != batch or batch_b and batch_b != batch:
+        return None  # a batch letter missing from an operand that has others
     swap = ends == n + m  # y = b' @ a': [.., n, k] @ [.., k, m]
     first = [b.index(c) for c in (*batch_b, n, k)] if swap else \
         [a.index(c) for c in (*batch_a, m, k)]
     second = [a.index(c) for c in (*batch_a, k, m)] if swap else \
         [b.index(c) for c in (*batch_b, k, n)]
-    return [None if first == sorted(first) else first,
-            None if second == sorted(second) else second, swap]
+    return [_identity_none(first), _identity_none(second), swap, None]
+
+
+def _einsum_transposed(a: str, b: str, out: str, k: str) -> list[Any] | None:
+    """The plan whose product is transposed to the output: batch letters in both operands,
+    one free letter each."""
+    free_a = [c for c in out if c in a and c not in b]
+    free_b = [c for c in out if c in b and c not in a]
+    batch = [c for c in out if c in a and c in b]
+    if len(free_a) != 1 or len(free_b) != 1 or len(out) != len(batch) + 2 \
+            or set(a) != {*batch, free_a[0], k} or set(b) != {*batch, free_b[0], k}:
+        return None
+    m, n = free_a[0], free_b[0]
+    product = [*batch, m, n]
+    perm_out = [product.index(c) for c in out]
+    if perm_out == sorted(perm_out):
+        return None  # the in-order plan
+    return [_identity_none([a.index(c) for c in (*batch, m, k)]),
+            _identity_none([b.index(c) for c in (*batch, k, n)]), False, perm_out]
 
 
 def _fn_fits_dtype(value: Any, like: Any) -> bool:

@@ -3,6 +3,8 @@ broadcasts_into, producer_op and einsum_matmul."""
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import onnx_ir as ir
 import pytest
@@ -174,15 +176,26 @@ def test_functions_are_usable_in_rule_expressions() -> None:
     ("hd,bsh->bsd", (4, 5), (2, 3, 4)),      # the same, operands swapped
     ("ij,bjk->bik", (3, 4), (2, 4, 5)),      # a plain matrix first
     ("sbh,dh->bsd", (3, 2, 4), (5, 4)),
+    ("bhij,bjhd->bihd", (2, 3, 5, 7), (2, 7, 3, 4)),  # attention output as [B,S,H,D]
+    ("ij,jk->ki", (3, 4), (4, 5)),                    # one Transpose after, not two before
+    ("bij,bjk->ibk", (2, 3, 4), (2, 4, 5)),
+    ("bsh,hd->sbd", (2, 3, 4), (4, 5)),  # b is the free letter here: [s,b,h] @ [h,d]
 ])
 def test_einsum_matmul_plans_what_numpy_computes(equation, a_shape, b_shape) -> None:
     rng = np.random.default_rng(0)
     a, b = rng.standard_normal(a_shape), rng.standard_normal(b_shape)
-    perm_first, perm_second, swap = einsum_matmul(equation, a, b)
+    plans = []
+    for transposed in (False, True):  # exactly one of the two rules takes it
+        with contextlib.suppress(NoMatch):
+            plans.append(einsum_matmul(equation, a, b, transposed))
+    assert len(plans) == 1
+    perm_first, perm_second, swap, perm_out = plans[0]
     first, second = (b, a) if swap else (a, b)
     first = first if perm_first is None else first.transpose(perm_first)
     second = second if perm_second is None else second.transpose(perm_second)
-    np.testing.assert_allclose(first @ second, np.einsum(equation.replace(" ", ""), a, b),
+    product = first @ second
+    product = product if perm_out is None else product.transpose(perm_out)
+    np.testing.assert_allclose(product, np.einsum(equation.replace(" ", ""), a, b),
                                rtol=1e-12)
 
 
@@ -194,7 +207,6 @@ def test_einsum_matmul_plans_what_numpy_computes(equation, a_shape, b_shape) -> 
     ("ijk,jkl->il", (3, 3)),          # two summed letters
     ("ij,j->i", (2, 1)),              # matrix times vector
     ("i,j->ij", (1, 1)),              # outer product
-    ("bij,bjk->ibk", (3, 3)),         # batch between the free letters
     ("ij,jk,kl->il", (2, 2)),         # three operands
     ("ij,jk->ik", (3, 2)),            # ranks that are not the terms'
     ("i1,1k->ik", (2, 2)),            # not letters
@@ -204,8 +216,9 @@ def test_einsum_matmul_plans_what_numpy_computes(equation, a_shape, b_shape) -> 
 ])
 def test_einsum_matmul_refuses_what_is_not_one_product(equation, ranks) -> None:
     operands = [np.ones((3,) * rank) for rank in ranks]
-    with pytest.raises(NoMatch):
-        einsum_matmul(equation, *operands)
+    for transposed in (False, True):
+        with pytest.raises(NoMatch):
+            einsum_matmul(equation, *operands, transposed)
 
 
 def test_einsum_matmul_needs_summed_dims_known_equal() -> None:
@@ -216,4 +229,4 @@ def test_einsum_matmul_needs_summed_dims_known_equal() -> None:
     with pytest.raises(NoMatch):
         einsum_matmul("ij,jk->ik", _activation("a", [3, "J"]), _activation("b", ["K", 5]))
     assert einsum_matmul("ij,jk->ik", _activation("a", [3, "J"]),
-                         _activation("b", ["J", 5])) == [None, None, False]
+                         _activation("b", ["J", 5])) == [None, None, False, None]
