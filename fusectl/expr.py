@@ -713,11 +713,11 @@ def _fn_fill_reshape_zeros(shape: Any, like: Any, allowzero: Any = 0, source: An
     if 0 not in target:
         return shape
     dims = _shape_of(like)
-    origin = _shape_of(source) if is_value(source) else ()
     filled = []
     for i, dim in enumerate(target):
-        if dim == 0 and i < len(dims) and isinstance(dims[i], str) and i < len(origin) \
-                and origin[i] == dims[i]:
+        if dim == 0 and i < len(dims) and isinstance(dims[i], str) and is_value(source) \
+                and source.shape is not None and i < len(source.shape) \
+                and _shape_of_known_rank(source)[i] == dims[i]:
             filled.append(0)
             continue
         if dim == 0:

@@ -154,6 +154,19 @@ def test_fill_reshape_zeros() -> None:
         fn("fill_reshape_zeros")(shape, _dynamic("y", [0, 4]), 0)
     with pytest.raises(NoMatch):
         fn("fill_reshape_zeros")(runtime, _dynamic("y", [6, 4]), 0)
+    # a symbolic dim stays a 0 when the new Reshape's input has it at the same position
+    fill = fn("fill_reshape_zeros")
+    assert fill(shape, _dynamic("y", ["N", 4]), 0, _dynamic("x", ["N", 2, 2])).tolist() \
+        == [0, 2, -1]
+    with pytest.raises(NoMatch):  # x has N elsewhere: a 0 would copy M
+        fill(shape, _dynamic("y", ["N", 4]), 0, _dynamic("x", ["M", "N"]))
+    with pytest.raises(NoMatch):  # x is shorter than the 0's position
+        fill(_const("s", np.array([2, 0], np.int64)), _dynamic("y", [8, "N"]), 0,
+             _dynamic("x", [16]))
+    # static zeros are filled whatever x's shape (unknown dims, unknown rank)
+    assert fill(shape, _dynamic("y", [6, 4]), 0, _dynamic("x", [None, 4])).tolist() == [6, 2, -1]
+    unranked = ir.Value(name="x", type=ir.TensorType(ir.DataType.FLOAT))
+    assert fill(shape, _dynamic("y", [6, 4]), 0, unranked).tolist() == [6, 2, -1]
 
 
 def _unit_moving(dims: tuple[int, ...]) -> list[list[int]]:
