@@ -1251,9 +1251,10 @@ def _fn_feeds_heads(*values: Any) -> bool:
     """Whether ``values`` (about to be [B,H,S,D] heads transposed from [B,S,H,D]: Split parts
     once a Transpose is pushed below the Split, or a RotaryEmbedding whose Transpose moves
     below it) are read only by standard Attention nodes, directly or through a 4-D
-    RotaryEmbedding, whose other query, key and value inputs are such heads too: each
-    Transpose is then taken away by the 3-D Attention (attention-heads-from-views), so
-    moving it costs nothing in the end, where otherwise it would add nodes."""
+    RotaryEmbedding, whose other query, key and value inputs are such heads too (or one
+    key and value head, multi-query): each Transpose is then taken away by the 3-D
+    Attention (attention-heads-from-views and its one-kv-head form), so moving it costs
+    nothing in the end, where otherwise it would add nodes."""
     present = [v for v in values if is_value(v)]
     if not present:
         return False
@@ -1279,16 +1280,18 @@ def _fn_feeds_heads(*values: Any) -> bool:
                     return False
                 attentions[id(reader)] = reader
 
-    def ready(value: ir.Value | None) -> bool:
-        if value is None or _one_head(value):
-            return False  # a Transpose moving one head is rewritten as a Reshape first
+    def ready(value: ir.Value | None, position: int) -> bool:
+        if value is None:
+            return False
+        if _one_head(value):  # a Transpose moving one head is rewritten as a Reshape first;
+            return position > 0  # one key or value head is read squeezed, a query is not
         if id(value) in ours or _is_head_transpose(value):
             return True
         node = value.producer()
         return node is not None and _is_plain_rotary(node) and node.inputs[0] is not None \
             and (id(node.inputs[0]) in ours or _is_head_transpose(node.inputs[0]))
 
-    return all(len(a.inputs) >= 3 and all(ready(v) for v in a.inputs[:3])
+    return all(len(a.inputs) >= 3 and all(ready(v, i) for i, v in enumerate(a.inputs[:3]))
                and _goes_3d(a) for a in attentions.values())
 
 

@@ -503,3 +503,19 @@ def test_feeds_heads_follows_the_nan_guard() -> None:
                               outputs="").replace("<int64[3] so = {2, 6, 32}>",
                                                   f"<int64[3] so = {{2, 6, 32}}, {fill}>")
         assert feeds(_values_of(text)["qr"]) is expected
+
+
+def test_feeds_heads_takes_one_key_and_value_head_as_it_comes() -> None:
+    """Multi-query attention: a one-head key or value is read squeezed to [B,L,D], whatever
+    produced it (its head Transpose became a Reshape); two untransposed heads are not."""
+    feeds = fn("feeds_heads")
+    text = """<ir_version: 10, opset_import: ["" : 23]>
+g (float[2,6,4,8] x, float[2,6,4] c, float[2,6,4] s, float[2,{h},6,8] K, float[2,{h},6,8] V)
+  => (float[2,6,32] z)
+<int64[3] so = {{2, 6, 32}}>
+{{
+  q = Transpose<perm=[0, 2, 1, 3]>(x)  qr = RotaryEmbedding(q, c, s)  o = Attention(qr, K, V)
+  ot = Transpose<perm=[0, 2, 1, 3]>(o)  z = Reshape(ot, so)
+}}"""
+    assert feeds(_values_of(text.format(h=1))["qr"])
+    assert not feeds(_values_of(text.format(h=2))["qr"])
