@@ -1254,7 +1254,8 @@ def _fn_feeds_heads(*values: Any) -> bool:
     RotaryEmbedding, whose other query, key and value inputs are such heads too (or one
     key and value head, multi-query): each Transpose is then taken away by the 3-D
     Attention (attention-heads-from-views and its one-kv-head form), so moving it costs
-    nothing in the end, where otherwise it would add nodes."""
+    nothing in the end, where otherwise it would add nodes. Every head is read once: a
+    Transpose that two Attentions read stays for the second one."""
     present = [v for v in values if is_value(v)]
     if not present:
         return False
@@ -1285,11 +1286,15 @@ def _fn_feeds_heads(*values: Any) -> bool:
             return False
         if _one_head(value):  # a Transpose moving one head is rewritten as a Reshape first;
             return position > 0  # one key or value head is read squeezed, a query is not
+        if len(value.uses()) != 1 or value.is_graph_output():
+            return False  # the Transpose (or rotation) stays for its other reader
         if id(value) in ours or _is_head_transpose(value):
             return True
         node = value.producer()
-        return node is not None and _is_plain_rotary(node) and node.inputs[0] is not None \
-            and (id(node.inputs[0]) in ours or _is_head_transpose(node.inputs[0]))
+        moved = node.inputs[0] if node is not None and node.inputs else None
+        return node is not None and _is_plain_rotary(node) and moved is not None \
+            and len(moved.uses()) == 1 \
+            and (id(moved) in ours or _is_head_transpose(moved))
 
     return all(len(a.inputs) >= 3 and all(ready(v, i) for i, v in enumerate(a.inputs[:3]))
                and _goes_3d(a) for a in attentions.values())

@@ -519,3 +519,46 @@ g (float[2,6,4,8] x, float[2,6,4] c, float[2,6,4] s, float[2,{h},6,8] K, float[2
 }}"""
     assert feeds(_values_of(text.format(h=1))["qr"])
     assert not feeds(_values_of(text.format(h=2))["qr"])
+
+
+def test_feeds_heads_needs_each_head_read_once() -> None:
+    """Query heads two Attentions read keep their Transpose for the second one: moving it
+    would add nodes and remove none."""
+    feeds = fn("feeds_heads")
+    text = """<ir_version: 10, opset_import: ["" : 23]>
+g (float[2,6,4,8] Q, float[2,1,6,8] K, float[2,1,6,8] V, float[2,1,6,8] K2, float[2,6,4] c,
+   float[2,6,4] s) => (float[2,6,32] z, float[2,6,32] z2)
+<int64[3] so = {2, 6, 32}>
+{
+  q = Transpose<perm=[0, 2, 1, 3]>(Q)  qr = RotaryEmbedding(q, c, s)
+  o = Attention<is_causal=1>(qr, K, V)  ot = Transpose<perm=[0, 2, 1, 3]>(o)  z = Reshape(ot, so)
+  o2 = Attention(qr, K2, V)  ot2 = Transpose<perm=[0, 2, 1, 3]>(o2)  z2 = Reshape(ot2, so)
+}"""
+    assert not feeds(_values_of(text)["qr"])
+    split = """<ir_version: 10, opset_import: ["" : 23]>
+g (float[2,6,6,8] x, float[2,1,6,8] K2, float[2,1,6,8] V2) => (float[2,6,32] z, float[2,6,32] z2)
+<int64[3] so = {2, 6, 32}, int64[3] sz = {4, 1, 1}>
+{
+  t = Transpose<perm=[0, 2, 1, 3]>(x)  q, k, v = Split<axis=1>(t, sz)
+  o = Attention<is_causal=1>(q, k, v)  ot = Transpose<perm=[0, 2, 1, 3]>(o)  z = Reshape(ot, so)
+  o2 = Attention(q, K2, V2)  ot2 = Transpose<perm=[0, 2, 1, 3]>(o2)  z2 = Reshape(ot2, so)
+}"""
+    parts = _values_of(split)
+    assert not feeds(parts["q"], parts["k"], parts["v"])
+
+
+def test_feeds_heads_needs_the_other_rotated_heads_transposed_once() -> None:
+    feeds = fn("feeds_heads")
+    text = """<ir_version: 10, opset_import: ["" : 23]>
+g (float[2,6,4,8] Q, float[2,6,4,8] K, float[2,6,4,8] V, float[2,6,4] c, float[2,6,4] s)
+  => (float[2,6,32] z{extra_out})
+<int64[3] so = {{2, 6, 32}}>
+{{
+  q = Transpose<perm=[0, 2, 1, 3]>(Q)  qr = RotaryEmbedding(q, c, s)
+  k = Transpose<perm=[0, 2, 1, 3]>(K)  kr = RotaryEmbedding(k, c, s)
+  v = Transpose<perm=[0, 2, 1, 3]>(V)  {extra}
+  o = Attention(qr, kr, v)  ot = Transpose<perm=[0, 2, 1, 3]>(o)  z = Reshape(ot, so)
+}}"""
+    assert feeds(_values_of(text.format(extra="", extra_out=""))["qr"])
+    shared = text.format(extra="w = Relu(k)", extra_out=", float[2,4,6,8] w")
+    assert not feeds(_values_of(shared)["qr"])  # k's Transpose stays for the Relu
