@@ -101,6 +101,7 @@ InputKey = str | int
 _PROTO_LIMIT_BYTES = int(1.8 * 1024**3)
 
 _BATCH_NAMES = frozenset({"n", "b", "batch", "batch_size"})
+_DEFAULT_BATCH = 2
 _FALLBACK_BATCH = 1
 _DEFAULT_DIM = 8
 _DEFAULT_INT_HIGH = 10
@@ -172,7 +173,7 @@ class ValidationOptions:
     atol: float | None = None
     fp16_range_sample: bool = True
     """Add the range sample (module docstring) when the model computes in float16."""
-    batch: int = 2
+    batch: int = _DEFAULT_BATCH
     """Batch-like dims not bound otherwise: 2, so a rewrite that mixes up the batch axis
     shows (at 1 it cannot); ``run_reference`` falls back to 1 for a model that fails at 2."""
 
@@ -535,7 +536,7 @@ def _tensor_signature(value: ir.Value) -> tuple[ir.DataType, ir.Shape]:
 
 
 def _resolve_dim(dim: int | ir.SymbolicDim, dims: Mapping[str, int], bound: Mapping[str, int],
-                 named: Collection[str] = (), batch: int = 2):
+                 named: Collection[str] = (), batch: int = _DEFAULT_BATCH):
     if isinstance(dim, int):
         # -1 is how older exporters (Paddle2ONNX) spell a dynamic dim: an unnamed one.
         return dim if dim >= 0 else _DEFAULT_DIM
@@ -562,7 +563,7 @@ def _generates_batch(model: ir.Model, options: ValidationOptions) -> bool:
     """Whether some generated input has a dim that takes ``options.batch``: a batch-like
     name bound neither by ``--dim`` nor by an array the user gave (by name or position)."""
     runtime = _runtime_inputs(model)
-    given = dict(_resolve_positions(options.inputs or {}, [v.name or "" for v in runtime]))
+    given = _given_inputs(runtime, options)
     bound = {d.value for v in runtime if v.name in given for d in v.shape or ()
              if isinstance(d, ir.SymbolicDim)}
     return any(isinstance(d, ir.SymbolicDim) and d.value is not None and _batch_like(d.value)
@@ -870,10 +871,15 @@ def _session_options() -> ort.SessionOptions:
     return options
 
 
+def _given_inputs(runtime: list[ir.Value], options: ValidationOptions) -> dict[str, Any]:
+    """The user's arrays by input name (positions resolved)."""
+    return dict(_resolve_positions(options.inputs or {}, [v.name or "" for v in runtime]))
+
+
 def _dynamic_generated_inputs(model: ir.Model, options: ValidationOptions) -> list[str]:
     """Inputs generated (not given) whose shape has a dynamic dim."""
     runtime = _runtime_inputs(model)
-    given = dict(_resolve_positions(options.inputs or {}, [v.name or "" for v in runtime]))
+    given = _given_inputs(runtime, options)
     return [v.name or "" for v in runtime
             if v.name not in given and v.shape is not None
             and any(not isinstance(d, int) or d < 0 for d in v.shape)]
