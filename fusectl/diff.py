@@ -36,7 +36,7 @@ import onnx_ir as ir
 
 from . import __version__, modelio, traffic
 from .boundshapes import bound_shapes
-from .errors import BadInputError
+from .errors import BadInputError, first_line_of
 from .ruletest import op_histogram
 from .shapes import infer_model_shapes
 from .validate import ValidationOptions, ValidationResult, validate
@@ -353,8 +353,8 @@ def _read(name: str, tensor: ir.TensorProtocol) -> np.ndarray:
     try:
         return tensor.numpy()
     except Exception as exc:  # noqa: BLE001 - missing or short external data, bad raw data
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise BadInputError(f"initializer {name!r}: cannot read its data: {first}") from None
+        raise BadInputError(f"initializer {name!r}: cannot read its data: "
+                            f"{first_line_of(exc)}") from None
 
 
 def _as_wide(chunk: np.ndarray) -> np.ndarray:

@@ -53,6 +53,11 @@ class InternalError(FusectlError):
     exit_code = 3
 
 
+def first_line_of(error: BaseException, limit: int | None = None) -> str:
+    """:func:`first_line` of an exception's message, or its type's name when it has none."""
+    return first_line(str(error), limit) or type(error).__name__
+
+
 def first_line(text: str, limit: int | None = None) -> str:
     """The first non-blank line of an error text, cut to ``limit`` characters (a report
     line must stay one line; onnxruntime's and onnx's messages span several)."""

@@ -1422,7 +1422,7 @@ def _fn_einsum_matmul(equation: Any, a_value: Any, b_value: Any,
 
 
 def _identity_none(perm: list[int]) -> list[int] | None:
-    return None if perm == sorted(perm) else perm
+    return None if _fn_is_identity_perm(perm) else perm
 
 
 def _einsum_in_order(a: str, b: str, out: str, k: str) -> list[Any] | None:
@@ -1458,7 +1458,7 @@ def _einsum_transposed(a: str, b: str, out: str, k: str) -> list[Any] | None:
     m, n = free_a[0], free_b[0]
     product = [*batch, m, n]
     perm_out = [product.index(c) for c in out]
-    if perm_out == sorted(perm_out):
+    if _fn_is_identity_perm(perm_out):
         return None  # the in-order plan
     return [_identity_none([a.index(c) for c in (*batch, m, k)]),
             _identity_none([b.index(c) for c in (*batch, k, n)]), False, perm_out]

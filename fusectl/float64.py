@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from .errors import first_line
+from .errors import first_line_of
 
 FLOAT, DOUBLE = ir.DataType.FLOAT, ir.DataType.DOUBLE
 WIDENED = frozenset({FLOAT, ir.DataType.FLOAT16})
@@ -172,7 +172,7 @@ def _load(path: str | Path) -> ir.Model:
 
 
 def _first_line(error: BaseException) -> str:
-    return first_line(str(error), 160) or type(error).__name__
+    return first_line_of(error, 160)
 
 
 def _widen_array(array: np.ndarray) -> np.ndarray:

@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from . import expr, rulecache
-from .errors import RuleFileError, SourceSpan
+from .errors import RuleFileError, SourceSpan, first_line
 from .statements import (
     EACH,
     NodeSpec,
@@ -230,7 +230,7 @@ def _compose(text: str, problems: _Problems) -> _Node | None:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = mark.line + 1 if mark else 1
-        reason = str(getattr(exc, "problem", None) or exc).splitlines()[0]
+        reason = first_line(str(getattr(exc, "problem", None) or exc)) or "unreadable"
         problems.add(line, f"invalid YAML: {reason}")
         return None
     except RecursionError:  # PyYAML composes recursively: [[[[...]]]] exhausts the stack

@@ -20,6 +20,7 @@ import onnx
 import onnx_ir as ir
 
 from .compile import CompiledRule
+from .errors import BadInputError, first_line_of
 from .prepare import detach_legacy_initializer_inputs, prepare
 from .rewrite import apply_rules
 from .rulefile import RuleTest
@@ -154,7 +155,7 @@ def build_test_model(test: RuleTest, seed: int = 0) -> onnx.ModelProto:
     try:
         proto = onnx.parser.parse_model(text)
     except Exception as exc:  # noqa: BLE001 - the parser raises several types
-        raise TestModelError(f"test model does not parse: {str(exc).splitlines()[0]}") from None
+        raise TestModelError(f"test model does not parse: {first_line_of(exc)}") from None
     rng = np.random.default_rng(seed)
     init = dict(test.init)
     computed = {out for node in proto.graph.node for out in node.output}
@@ -177,7 +178,7 @@ def build_test_model(test: RuleTest, seed: int = 0) -> onnx.ModelProto:
     try:
         check_model(proto)
     except Exception as exc:  # noqa: BLE001
-        raise TestModelError(f"test model fails onnx's checker: {str(exc).splitlines()[0]}"
+        raise TestModelError(f"test model fails onnx's checker: {first_line_of(exc)}"
                              ) from None
     return proto
 
@@ -230,7 +231,7 @@ def run_rule_test(rule: CompiledRule, test: RuleTest, *, seed: int = 0,
         try:
             check_model(ir.to_proto(model))
         except Exception as exc:  # noqa: BLE001
-            problems.append(f"rewritten model fails onnx's checker: {str(exc).splitlines()[0]}")
+            problems.append(f"rewritten model fails onnx's checker: {first_line_of(exc)}")
         numeric, max_abs = _numeric_check(proto, model, test, seed)
         problems += numeric
     return TestOutcome(rule.id, test.name, not problems, fires, tuple(problems), location,
@@ -243,7 +244,6 @@ def _numeric_check(proto: onnx.ModelProto, model: ir.Model, test: RuleTest,
     does), and the largest error. A test model onnxruntime cannot run (no bfloat16 kernels)
     is this test's failure, not the end of the whole run: it fired where it should not
     have, or it cannot be checked."""
-    from .errors import BadInputError
     from .validate import ValidationOptions, validate
 
     options = ValidationOptions(seed=seed, rtol=test.rtol, atol=test.atol)

@@ -107,7 +107,7 @@ def _refined(shape: ir.Shape, inferred: list[int | str | None]) -> ir.Shape:
     changed = False
     for old, new in zip(shape, inferred, strict=True):
         if isinstance(old, int) or new is None or (
-                isinstance(new, str) and old.value and not is_minted(old.value)):
+                isinstance(new, str) and not is_minted(old.value)):
             dims.append(old)
         else:
             dims.append(new)
@@ -329,8 +329,8 @@ def prefer_computed_dims(graph: ir.Graph, computed: onnx.GraphProto) -> int:
             if len(current) != len(facts.dims):
                 dims = facts.dims  # a declared rank the arithmetic contradicts says nothing
             else:
-                dims = tuple(c if isinstance(c, int) or (c is not None and not is_minted(c))
-                             else d for c, d in zip(facts.dims, current, strict=True))
+                dims = tuple(c if isinstance(c, int) or not is_minted(c) else d
+                             for c, d in zip(facts.dims, current, strict=True))
             if dims != current:
                 value.shape = ir.Shape(dims)
                 changed += 1

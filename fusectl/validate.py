@@ -413,7 +413,7 @@ def _load_npy(name: str, file: str) -> np.ndarray:
     try:
         loaded = np.load(file, allow_pickle=False)
     except (OSError, ValueError, EOFError) as e:
-        raise BadInputError(f"--input {name}={file}: cannot read: {_first_line(e)}") from None
+        raise BadInputError(f"--input {name}={file}: cannot read: {_numpy_reason(e)}") from None
     if not isinstance(loaded, np.ndarray):
         with contextlib.suppress(AttributeError):
             loaded.close()
@@ -421,11 +421,19 @@ def _load_npy(name: str, file: str) -> np.ndarray:
     return loaded
 
 
+def _numpy_reason(error: BaseException) -> str:
+    """numpy reads any file that is no .npy/.npz as a pickle, and refuses it as one: say
+    what the user has to know instead."""
+    if "allow_pickle" in str(error):
+        return "not a .npy/.npz file (or one holding Python objects, which are not read)"
+    return _first_line(error)
+
+
 def _load_npz(npz: str | os.PathLike[str]) -> dict[str, np.ndarray]:
     try:
         loaded = np.load(npz, allow_pickle=False)
     except (OSError, ValueError, EOFError) as e:
-        raise BadInputError(f"--inputs {npz}: cannot read: {_first_line(e)}") from None
+        raise BadInputError(f"--inputs {npz}: cannot read: {_numpy_reason(e)}") from None
     if not isinstance(loaded, np.lib.npyio.NpzFile):
         raise BadInputError(f"--inputs {npz}: expected a .npz archive")
     try:
@@ -1537,6 +1545,10 @@ def check_candidate(
     options = options or ValidationOptions()
     notify = progress or _ignore
     compute_name = None if reference.compute_dtype is None else _dtype_name(reference.compute_dtype)
+    shared: dict[str, Any] = dict(  # what the reference run tells, whatever the candidate does
+        input_shapes=reference.input_shapes, seconds_reference=reference.seconds,
+        samples=len(reference.feed_sets), compute_dtype=compute_name,
+        range_scale=reference.range_scale, batch_note=reference.batch_note)
     try:
         cand_runs, cand_seconds = _run_session(
             candidate, reference.feed_sets, repeats=1, label="candidate", notify=notify,
@@ -1545,15 +1557,8 @@ def check_candidate(
     except _OrtFailure as e:
         where = "load" if e.stage == "session creation" else "run"
         return ValidationResult(
-            outputs=(),
-            error=f"onnxruntime could not {where} the candidate: {e.message}",
-            input_shapes=reference.input_shapes,
-            seconds_reference=reference.seconds,
-            samples=len(reference.feed_sets),
-            compute_dtype=compute_name,
-            range_scale=reference.range_scale,
-            batch_note=reference.batch_note,
-        )
+            outputs=(), error=f"onnxruntime could not {where} the candidate: {e.message}",
+            **shared)
     notify("comparing outputs")
     comparisons: list[OutputComparison] = []
     for s, (expected, unstable, runs) in enumerate(
@@ -1570,17 +1575,8 @@ def check_candidate(
             range_sample=s == reference.range_sample,
         )
         comparisons.extend(_against_float64(reference, s, runs[0], found, options))
-    return ValidationResult(
-        outputs=tuple(comparisons),
-        error=None,
-        input_shapes=reference.input_shapes,
-        seconds_reference=reference.seconds,
-        seconds_candidate=cand_seconds,
-        samples=len(reference.feed_sets),
-        compute_dtype=compute_name,
-        range_scale=reference.range_scale,
-        batch_note=reference.batch_note,
-    )
+    return ValidationResult(outputs=tuple(comparisons), error=None,
+                            seconds_candidate=cand_seconds, **shared)
 
 
 def check_intermediates(

@@ -964,8 +964,8 @@ def test_a_stale_declared_dim_gives_way_to_the_computed_one(tmp_path: Path) -> N
 
 
 def test_a_stale_declared_batch_does_not_break_the_optimized_model(tmp_path: Path) -> None:
-    """End to end, without validation (which feeds batch 1): the optimized model still
-    runs, and agrees, at another batch."""
+    """End to end, without validation: the optimized model still runs, and agrees, at a
+    batch other than the declared 1."""
     from fusectl import api
 
     path, out = tmp_path / "stale.onnx", tmp_path / "out.onnx"

@@ -393,13 +393,19 @@ def test_load_input_files(tmp_path):
         (["x=GOOD"], None, "unknown input name 'x'"),
         (["a=GOOD", "a=GOOD"], None, "given twice"),
         (["a=NPZ"], None, "expected a .npy"),
+        (["a=JUNK"], None, "not a .npy/.npz file"),  # numpy would say "allow_pickle"
+        ([], "JUNK", "not a .npy/.npz file"),
     ],
 )
 def test_load_input_files_errors(tmp_path, specs, npz, message):
     good = tmp_path / "good.npy"
     np.save(good, np.zeros(2))
     np.savez(tmp_path / "arch.npz", a=np.zeros(2))
-    specs = [s.replace("GOOD", str(good)).replace("NPZ", str(tmp_path / "arch.npz")) for s in specs]
+    junk = tmp_path / "junk.bin"
+    junk.write_bytes(b"this is no array at all\n" * 4)
+    specs = [s.replace("GOOD", str(good)).replace("NPZ", str(tmp_path / "arch.npz"))
+             .replace("JUNK", str(junk)) for s in specs]
+    npz = str(junk) if npz == "JUNK" else npz
     with pytest.raises(BadInputError, match=message) as info:
         v.load_input_files(specs, npz, input_names=["a"])
     assert "\n" not in str(info.value)
