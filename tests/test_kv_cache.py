@@ -1,0 +1,86 @@
+"""Decode steps of decoders exported with a KV cache: the new token's heads are concatenated
+to the cache (the present key and value are graph outputs) and attention runs over the
+whole cache. At one token the exporters' head Transposes move only a dim of 1, so fusectl's
+layout rules make them views before the attention rules look."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import onnx
+import pytest
+from values import parse_with_weights
+
+import fusectl
+
+# GPT-2 with past: one token, 4 heads of 16, a cache of 8 positions
+DECODE_STEP = """
+    <ir_version: 8, opset_import: ["" : {opset}]>
+    g (float[2,1,64] x, float[2,4,8,16] past_k, float[2,4,8,16] past_v, float[2,1,1,9] mask)
+      => (float[2,1,64] y, float[2,4,9,16] present_k, float[2,4,9,16] present_v)
+    <int64[4] heads = {{2, 1, 4, 16}}, int64[3] merged = {{2, 1, 64}}, float scale = {{4.0}},
+     float[64,64] wq, float[64,64] wk, float[64,64] wv>
+    {{
+      q = MatMul(x, wq)  k = MatMul(x, wk)  v = MatMul(x, wv)
+      q4 = Reshape(q, heads)  qt = Transpose<perm=[0,2,1,3]>(q4)
+      k4 = Reshape(k, heads)  kt = Transpose<perm=[0,2,1,3]>(k4)
+      v4 = Reshape(v, heads)  vt = Transpose<perm=[0,2,1,3]>(v4)
+      present_k = Concat<axis=-2>(past_k, kt)  present_v = Concat<axis=-2>(past_v, vt)
+      keys = Transpose<perm=[0,1,3,2]>(present_k)
+      s = MatMul(qt, keys)  sd = Div(s, scale)  sm = Add(sd, mask)  p = Softmax<axis=-1>(sm)
+      o = MatMul(p, present_v)  ot = Transpose<perm=[0,2,1,3]>(o)  y = Reshape(ot, merged)
+    }}
+"""
+
+# transformers' pack_gqa at one token: 4 query heads over 2 kv heads, the query
+# reshaped to [B, kv_heads, 2, D] rows, the padding mask of one row shared by them
+PACKED_GQA_STEP = """
+    <ir_version: 10, opset_import: ["" : 23]>
+    g (float[2,1,64] x, float[2,2,8,16] past_k, float[2,2,8,16] past_v, float[2,1,1,9] mask)
+      => (float[2,1,64] y, float[2,2,9,16] present_k, float[2,2,9,16] present_v)
+    <int64[4] qheads = {2, 1, 4, 16}, int64[4] kvheads = {2, 1, 2, 16},
+     int64[4] packed = {2, 2, 2, 16}, int64[4] unpacked = {2, 4, 1, 16},
+     int64[3] merged = {2, 1, 64}, float scale = {0.25},
+     float[64,64] wq, float[64,32] wk, float[64,32] wv>
+    {
+      q = MatMul(x, wq)  k = MatMul(x, wk)  v = MatMul(x, wv)
+      q4 = Reshape(q, qheads)  qt = Transpose<perm=[0,2,1,3]>(q4)
+      k4 = Reshape(k, kvheads)  kt = Transpose<perm=[0,2,1,3]>(k4)
+      v4 = Reshape(v, kvheads)  vt = Transpose<perm=[0,2,1,3]>(v4)
+      present_k = Concat<axis=-2>(past_k, kt)  present_v = Concat<axis=-2>(past_v, vt)
+      qp = Reshape(qt, packed)  keys = Transpose<perm=[0,1,3,2]>(present_k)
+      qs = Mul(qp, scale)  s = MatMul(qs, keys)  sm = Add(s, mask)  p = Softmax<axis=-1>(sm)
+      o = MatMul(p, present_v)  ou = Reshape(o, unpacked)  ot = Transpose<perm=[0,2,1,3]>(ou)
+      y = Reshape(ot, merged)
+    }
+"""
+
+
+@pytest.mark.parametrize("target", ["onnxruntime", "onnx"])
+def test_a_decode_step_with_a_cache_becomes_one_attention(tmp_path, target: str) -> None:
+    path = tmp_path / "decode.onnx"
+    opset = 17 if target == "onnxruntime" else 23
+    onnx.save(parse_with_weights(DECODE_STEP.format(opset=opset)), path)
+    result = fusectl.optimize(str(path), target=target)
+    assert result.validation is not None and result.validation.passed
+    ops = Counter(n.op_type for n in result.model.graph)
+    fused = "MultiHeadAttention" if target == "onnxruntime" else "Attention"
+    assert ops[fused] == 1 and ops["Softmax"] == 0 and ops["Transpose"] == 0
+    # the cache stays what the next step reads
+    outputs = [v.name for v in result.model.graph.outputs]
+    assert outputs == ["y", "present_k", "present_v"]
+
+
+def test_a_packed_grouped_query_step_keeps_its_rows_at_opset_23(tmp_path) -> None:
+    path = tmp_path / "packed.onnx"
+    onnx.save(parse_with_weights(PACKED_GQA_STEP), path)
+    result = fusectl.optimize(str(path))
+    assert result.validation is not None and result.validation.passed
+    ops = Counter(n.op_type for n in result.model.graph)
+    assert ops["Attention"] == 1 and ops["Softmax"] == 0
+    # the one-row mask is expanded to the 2 packed rows, which onnxruntime requires
+    attention = next(n for n in result.model.graph if n.op_type == "Attention")
+    mask = attention.inputs[3]
+    assert mask is not None and mask.producer() is not None
+    assert mask.producer().op_type == "Expand"
+    assert [d for d in mask.shape] == [2, 1, 2, 9]
