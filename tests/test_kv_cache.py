@@ -66,6 +66,9 @@ def test_a_decode_step_with_a_cache_becomes_one_attention(tmp_path, target: str)
     ops = Counter(n.op_type for n in result.model.graph)
     fused = "MultiHeadAttention" if target == "onnxruntime" else "Attention"
     assert ops[fused] == 1 and ops["Softmax"] == 0 and ops["Transpose"] == 0
+    if target == "onnxruntime":
+        # the op reads the past and writes the present itself
+        assert ops["Concat"] == 0
     # the cache stays what the next step reads
     outputs = [v.name for v in result.model.graph.outputs]
     assert outputs == ["y", "present_k", "present_v"]
@@ -84,3 +87,33 @@ def test_a_packed_grouped_query_step_keeps_its_rows_at_opset_23(tmp_path) -> Non
     assert mask is not None and mask.producer() is not None
     assert mask.producer().op_type == "Expand"
     assert [d for d in mask.shape] == [2, 1, 2, 9]
+
+
+# the first step of a use_cache export: no past, the new heads returned as the present
+FIRST_STEP = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[2,6,64] x, float[1,1,6,6] mask)
+      => (float[2,6,64] y, float[2,4,6,16] present_k, float[2,4,6,16] present_v)
+    <int64[4] heads = {2, 6, 4, 16}, int64[3] merged = {2, 6, 64}, float scale = {4.0},
+     float[64,64] wq, float[64,64] wk, float[64,64] wv>
+    {
+      q = MatMul(x, wq)  k = MatMul(x, wk)  v = MatMul(x, wv)
+      q4 = Reshape(q, heads)  qt = Transpose<perm=[0,2,1,3]>(q4)
+      k4 = Reshape(k, heads)  present_k = Transpose<perm=[0,2,1,3]>(k4)
+      v4 = Reshape(v, heads)  present_v = Transpose<perm=[0,2,1,3]>(v4)
+      keys = Transpose<perm=[0,1,3,2]>(present_k)
+      s = MatMul(qt, keys)  sd = Div(s, scale)  sm = Add(sd, mask)  p = Softmax<axis=-1>(sm)
+      o = MatMul(p, present_v)  ot = Transpose<perm=[0,2,1,3]>(o)  y = Reshape(ot, merged)
+    }
+"""
+
+
+def test_the_first_step_writes_the_present_from_the_op(tmp_path) -> None:
+    path = tmp_path / "first.onnx"
+    onnx.save(parse_with_weights(FIRST_STEP), path)
+    result = fusectl.optimize(str(path), target="onnxruntime")
+    assert result.validation is not None and result.validation.passed
+    ops = Counter(n.op_type for n in result.model.graph)
+    assert ops["MultiHeadAttention"] == 1 and ops["Transpose"] == 0 and ops["Softmax"] == 0
+    attention = next(n for n in result.model.graph if n.op_type == "MultiHeadAttention")
+    assert [v.name for v in attention.outputs[1:]] == ["present_k", "present_v"]
