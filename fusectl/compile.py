@@ -886,12 +886,61 @@ def _build_replacement(compiled: CompiledRule, model: ir.Model,
     old_outputs = [match.bindings[name] for name in names]
     slots = {name: [i] for i, name in enumerate(names)}
     absent = {name for name in rule.kept if name not in live}
-    return _replacement(compiled, root, list(match.nodes), old_outputs, slots, env,
-                        producer_of, opsets, absent)
+    rewrite = _replacement(compiled, root, list(match.nodes), old_outputs, slots, env,
+                           producer_of, opsets, absent)
+    if live and _feeds_back(rewrite, [match.bindings[name] for name in live], inside):
+        raise NoRewrite("an intermediate the replacement writes again feeds its inputs "
+                        "(the rewrite would make a cycle)")
+    return rewrite
 
 
 def _read_outside(value: ir.Value, inside: set[int]) -> bool:
     return value.is_graph_output() or any(id(u.node) not in inside for u in value.uses())
+
+
+def _feeds_back(rewrite: Rewrite, kept: list[ir.Value], inside: set[int]) -> bool:
+    """Whether a kept intermediate, which a new node writes again, reaches an input of that
+    node (or of the new nodes feeding it) through nodes outside the match (a KV cache's
+    present whose Shape sizes the attention's own mask): the node would read its output."""
+    new_ids = {id(node) for node in rewrite.new_nodes}
+    by_old = dict(zip((id(v) for v in rewrite.old_outputs), rewrite.new_outputs, strict=True))
+    for old in kept:
+        new = by_old.get(id(old))
+        writer = new.producer() if new is not None else None
+        if writer is None or id(writer) not in new_ids:
+            continue
+        wanted: set[int] = set()
+        stack, seen_new = [writer], {id(writer)}
+        while stack:  # the new nodes the writer depends on, and their outside inputs
+            node = stack.pop()
+            for value in node.inputs:
+                producer = value.producer() if value is not None else None
+                if producer is not None and id(producer) in new_ids:
+                    if id(producer) not in seen_new:
+                        seen_new.add(id(producer))
+                        stack.append(producer)
+                elif value is not None:
+                    wanted.add(id(value))
+        if _reaches(old, wanted, inside):
+            return True
+    return False
+
+
+def _reaches(start: ir.Value, wanted: set[int], inside: set[int]) -> bool:
+    """Whether ``start`` flows into a value of ``wanted`` through nodes outside the match."""
+    seen: set[int] = set()
+    stack = [start]
+    while stack:
+        value = stack.pop()
+        if id(value) in wanted:
+            return True
+        for use in value.uses():
+            node = use.node
+            if id(node) in inside or id(node) in seen:
+                continue
+            seen.add(id(node))
+            stack.extend(node.outputs)
+    return False
 
 
 def _build_group(compiled: CompiledRule, model: ir.Model, graph: ir.Graph | ir.Function,

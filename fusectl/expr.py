@@ -1616,6 +1616,7 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     "expand_to": _fn_expand_to,
     "default": _fn_default,
     "int64": _cast("int64"),
+    "int32": _cast("int32"),
     "float32": _cast("float32"),
     "compose_perm": _fn_compose_perm,
     "inverse_perm": _fn_inverse_perm,
@@ -1685,7 +1686,7 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
 }
 """Every function an expression may call. Casts mark their result as explicitly typed."""
 
-EXPLICIT_DTYPE_FUNCTIONS = frozenset({"int64", "float32"})
+EXPLICIT_DTYPE_FUNCTIONS = frozenset({"int64", "int32", "float32"})
 
 CONSTANT_NAMES: dict[str, Any] = {"pi": math.pi, "e": math.e, "True": True, "False": False}
 

@@ -285,6 +285,7 @@ CASES: list[tuple[str, Any]] = [
     ("expand_to(5, shape(W))", np.full((2, 3), 5)),
     ("int64(W)", np.arange(6, dtype=np.int64).reshape(2, 3)),
     ("int64(2.7)", np.array(2, dtype=np.int64)),
+    ("int32(expand_to([6], [2]))", np.array([6, 6], dtype=np.int32)),
     ("float32([1, 2])", np.array([1.0, 2.0], F32)),
     ("float32(axes)", np.array([-2.0, -1.0], F32)),
     ("len(lst)", 3),
@@ -337,6 +338,7 @@ def test_casts_are_explicitly_typed() -> None:
     assert ev("int64([1.9, -1.9])").tolist() == [1, -1]
     assert parse("int64(W * 2)", NAMES).explicit_dtype
     assert parse("float32(c)", NAMES).explicit_dtype
+    assert ev("int32(5)").dtype == np.int32 and parse("int32(5)", NAMES).explicit_dtype
     assert not parse("int64(W) * 2", NAMES).explicit_dtype
     assert not parse("W * 2", NAMES).explicit_dtype
     assert set(expr.FUNCTIONS) >= expr.EXPLICIT_DTYPE_FUNCTIONS

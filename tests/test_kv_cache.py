@@ -117,3 +117,45 @@ def test_the_first_step_writes_the_present_from_the_op(tmp_path) -> None:
     assert ops["MultiHeadAttention"] == 1 and ops["Transpose"] == 0 and ops["Softmax"] == 0
     attention = next(n for n in result.model.graph if n.op_type == "MultiHeadAttention")
     assert [v.name for v in attention.outputs[1:]] == ["present_k", "present_v"]
+
+
+# Llama-style grouped-query attention: 4 query heads over 2 kv heads, torch's repeat_kv
+# copies of the cache (Unsqueeze, Expand, Reshape) in front of the product
+GQA_STEP = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[2,{s},64] x, float[2,2,{p},16] past_k, float[2,2,{p},16] past_v,
+       float[2,1,{s},{t}] mask)
+      => (float[2,{s},64] y, float[2,2,{t},16] present_k, float[2,2,{t},16] present_v)
+    <int64[4] qheads = {{2, {s}, 4, 16}}, int64[4] kvheads = {{2, {s}, 2, 16}},
+     int64[1] ax = {{2}}, int64[5] repeat = {{2, 2, 2, {t}, 16}},
+     int64[4] heads = {{2, 4, {t}, 16}},
+     int64[3] merged = {{2, {s}, 64}}, float scale = {{4.0}},
+     float[64,64] wq, float[64,32] wk, float[64,32] wv>
+    {{
+      q = MatMul(x, wq)  k = MatMul(x, wk)  v = MatMul(x, wv)
+      q4 = Reshape(q, qheads)  qt = Transpose<perm=[0,2,1,3]>(q4)
+      k4 = Reshape(k, kvheads)  kt = Transpose<perm=[0,2,1,3]>(k4)
+      v4 = Reshape(v, kvheads)  vt = Transpose<perm=[0,2,1,3]>(v4)
+      present_k = Concat<axis=-2>(past_k, kt)  present_v = Concat<axis=-2>(past_v, vt)
+      ku = Unsqueeze(present_k, ax)  ke = Expand(ku, repeat)  kr = Reshape(ke, heads)
+      vu = Unsqueeze(present_v, ax)  ve = Expand(vu, repeat)  vr = Reshape(ve, heads)
+      keys = Transpose<perm=[0,1,3,2]>(kr)
+      s = MatMul(qt, keys)  sd = Div(s, scale)  sm = Add(sd, mask)  p = Softmax<axis=-1>(sm)
+      o = MatMul(p, vr)  ot = Transpose<perm=[0,2,1,3]>(o)  y = Reshape(ot, merged)
+    }}
+"""
+
+
+@pytest.mark.parametrize(("tokens", "fused"), [(1, True), (3, False)])
+def test_grouped_query_decode_reads_the_cache_once(tmp_path, tokens: int, fused: bool) -> None:
+    path = tmp_path / "gqa.onnx"
+    onnx.save(parse_with_weights(GQA_STEP.format(s=tokens, p=8, t=8 + tokens)), path)
+    result = fusectl.optimize(str(path), target="onnxruntime")
+    assert result.validation is not None and result.validation.passed
+    ops = Counter(n.op_type for n in result.model.graph)
+    assert ops["Softmax"] == 0
+    if fused:  # no copies of the cache, no Concat: the op writes the present
+        assert ops["GroupQueryAttention"] == 1
+        assert ops["Expand"] == ops["Concat"] == ops["Transpose"] == 0
+    else:  # several new tokens over a past in a batch of 2: onnxruntime's kernel refuses
+        assert ops["GroupQueryAttention"] == 0 and ops["MultiHeadAttention"] == 1
