@@ -13,19 +13,24 @@ from values import parse_with_weights
 
 import fusectl
 
+# the projections split into heads, the new key and value heads appended to the cache
+CACHED_HEADS = """
+      q = MatMul(x, wq)  k = MatMul(x, wk)  v = MatMul(x, wv)
+      q4 = Reshape(q, qheads)  qt = Transpose<perm=[0,2,1,3]>(q4)
+      k4 = Reshape(k, kvheads)  kt = Transpose<perm=[0,2,1,3]>(k4)
+      v4 = Reshape(v, kvheads)  vt = Transpose<perm=[0,2,1,3]>(v4)
+      present_k = Concat<axis=-2>(past_k, kt)  present_v = Concat<axis=-2>(past_v, vt)
+"""
+
 # GPT-2 with past: one token, 4 heads of 16, a cache of 8 positions
 DECODE_STEP = """
     <ir_version: 8, opset_import: ["" : {opset}]>
     g (float[2,1,64] x, float[2,4,8,16] past_k, float[2,4,8,16] past_v, float[2,1,1,9] mask)
       => (float[2,1,64] y, float[2,4,9,16] present_k, float[2,4,9,16] present_v)
-    <int64[4] heads = {{2, 1, 4, 16}}, int64[3] merged = {{2, 1, 64}}, float scale = {{4.0}},
+    <int64[4] qheads = {{2, 1, 4, 16}}, int64[4] kvheads = {{2, 1, 4, 16}},
+     int64[3] merged = {{2, 1, 64}}, float scale = {{4.0}},
      float[64,64] wq, float[64,64] wk, float[64,64] wv>
-    {{
-      q = MatMul(x, wq)  k = MatMul(x, wk)  v = MatMul(x, wv)
-      q4 = Reshape(q, heads)  qt = Transpose<perm=[0,2,1,3]>(q4)
-      k4 = Reshape(k, heads)  kt = Transpose<perm=[0,2,1,3]>(k4)
-      v4 = Reshape(v, heads)  vt = Transpose<perm=[0,2,1,3]>(v4)
-      present_k = Concat<axis=-2>(past_k, kt)  present_v = Concat<axis=-2>(past_v, vt)
+    {{ {cached}
       keys = Transpose<perm=[0,1,3,2]>(present_k)
       s = MatMul(qt, keys)  sd = Div(s, scale)  sm = Add(sd, mask)  p = Softmax<axis=-1>(sm)
       o = MatMul(p, present_v)  ot = Transpose<perm=[0,2,1,3]>(o)  y = Reshape(ot, merged)
@@ -38,21 +43,16 @@ PACKED_GQA_STEP = """
     <ir_version: 10, opset_import: ["" : 23]>
     g (float[2,1,64] x, float[2,2,8,16] past_k, float[2,2,8,16] past_v, float[2,1,1,9] mask)
       => (float[2,1,64] y, float[2,2,9,16] present_k, float[2,2,9,16] present_v)
-    <int64[4] qheads = {2, 1, 4, 16}, int64[4] kvheads = {2, 1, 2, 16},
-     int64[4] packed = {2, 2, 2, 16}, int64[4] unpacked = {2, 4, 1, 16},
-     int64[3] merged = {2, 1, 64}, float scale = {0.25},
+    <int64[4] qheads = {{2, 1, 4, 16}}, int64[4] kvheads = {{2, 1, 2, 16}},
+     int64[4] packed = {{2, 2, 2, 16}}, int64[4] unpacked = {{2, 4, 1, 16}},
+     int64[3] merged = {{2, 1, 64}}, float scale = {{0.25}},
      float[64,64] wq, float[64,32] wk, float[64,32] wv>
-    {
-      q = MatMul(x, wq)  k = MatMul(x, wk)  v = MatMul(x, wv)
-      q4 = Reshape(q, qheads)  qt = Transpose<perm=[0,2,1,3]>(q4)
-      k4 = Reshape(k, kvheads)  kt = Transpose<perm=[0,2,1,3]>(k4)
-      v4 = Reshape(v, kvheads)  vt = Transpose<perm=[0,2,1,3]>(v4)
-      present_k = Concat<axis=-2>(past_k, kt)  present_v = Concat<axis=-2>(past_v, vt)
+    {{ {cached}
       qp = Reshape(qt, packed)  keys = Transpose<perm=[0,1,3,2]>(present_k)
       qs = Mul(qp, scale)  s = MatMul(qs, keys)  sm = Add(s, mask)  p = Softmax<axis=-1>(sm)
       o = MatMul(p, present_v)  ou = Reshape(o, unpacked)  ot = Transpose<perm=[0,2,1,3]>(ou)
       y = Reshape(ot, merged)
-    }
+    }}
 """
 
 
@@ -60,7 +60,7 @@ PACKED_GQA_STEP = """
 def test_a_decode_step_with_a_cache_becomes_one_attention(tmp_path, target: str) -> None:
     path = tmp_path / "decode.onnx"
     opset = 17 if target == "onnxruntime" else 23
-    onnx.save(parse_with_weights(DECODE_STEP.format(opset=opset)), path)
+    onnx.save(parse_with_weights(DECODE_STEP.format(opset=opset, cached=CACHED_HEADS)), path)
     result = fusectl.optimize(str(path), target=target)
     assert result.validation is not None and result.validation.passed
     ops = Counter(n.op_type for n in result.model.graph)
@@ -76,7 +76,7 @@ def test_a_decode_step_with_a_cache_becomes_one_attention(tmp_path, target: str)
 
 def test_a_packed_grouped_query_step_keeps_its_rows_at_opset_23(tmp_path) -> None:
     path = tmp_path / "packed.onnx"
-    onnx.save(parse_with_weights(PACKED_GQA_STEP), path)
+    onnx.save(parse_with_weights(PACKED_GQA_STEP.format(cached=CACHED_HEADS)), path)
     result = fusectl.optimize(str(path))
     assert result.validation is not None and result.validation.passed
     ops = Counter(n.op_type for n in result.model.graph)
@@ -131,12 +131,7 @@ GQA_STEP = """
      int64[4] heads = {{2, 4, {t}, 16}},
      int64[3] merged = {{2, {s}, 64}}, float scale = {{4.0}},
      float[64,64] wq, float[64,32] wk, float[64,32] wv>
-    {{
-      q = MatMul(x, wq)  k = MatMul(x, wk)  v = MatMul(x, wv)
-      q4 = Reshape(q, qheads)  qt = Transpose<perm=[0,2,1,3]>(q4)
-      k4 = Reshape(k, kvheads)  kt = Transpose<perm=[0,2,1,3]>(k4)
-      v4 = Reshape(v, kvheads)  vt = Transpose<perm=[0,2,1,3]>(v4)
-      present_k = Concat<axis=-2>(past_k, kt)  present_v = Concat<axis=-2>(past_v, vt)
+    {{ {cached}
       ku = Unsqueeze(present_k, ax)  ke = Expand(ku, repeat)  kr = Reshape(ke, heads)
       vu = Unsqueeze(present_v, ax)  ve = Expand(vu, repeat)  vr = Reshape(ve, heads)
       keys = Transpose<perm=[0,1,3,2]>(kr)
@@ -149,7 +144,8 @@ GQA_STEP = """
 @pytest.mark.parametrize(("tokens", "fused"), [(1, True), (3, False)])
 def test_grouped_query_decode_reads_the_cache_once(tmp_path, tokens: int, fused: bool) -> None:
     path = tmp_path / "gqa.onnx"
-    onnx.save(parse_with_weights(GQA_STEP.format(s=tokens, p=8, t=8 + tokens)), path)
+    text = GQA_STEP.format(s=tokens, p=8, t=8 + tokens, cached=CACHED_HEADS)
+    onnx.save(parse_with_weights(text), path)
     result = fusectl.optimize(str(path), target="onnxruntime")
     assert result.validation is not None and result.validation.passed
     ops = Counter(n.op_type for n in result.model.graph)
