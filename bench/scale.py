@@ -96,7 +96,24 @@ def mixed_blocks(nodes: int, channels: int = 4, size: int = 8) -> onnx.ModelProt
     return _model(graph_nodes, inits, current, channels, size)
 
 
-BUILDERS = {"chain": conv_bn_relu_chain, "mixed": mixed_blocks}
+def shared_transposes(nodes: int, channels: int = 4, size: int = 8) -> onnx.ModelProto:
+    """Blocks of four nodes: Relu -> Transpose -> Transpose (inverse) -> Add of both, so each
+    cancelling pair's first Transpose is also read elsewhere (a KV cache's present heads):
+    transpose-cancel writes it again, the case the cycle check must not make quadratic."""
+    graph_nodes = []
+    current = "x"
+    for i in range(max(1, nodes // 4)):
+        graph_nodes += [
+            helper.make_node("Relu", [current], [f"r{i}"]),
+            helper.make_node("Transpose", [f"r{i}"], [f"t{i}"], perm=[0, 1, 3, 2]),
+            helper.make_node("Transpose", [f"t{i}"], [f"u{i}"], perm=[0, 1, 3, 2]),
+            helper.make_node("Add", [f"u{i}", f"t{i}"], [f"a{i}"]),
+        ]
+        current = f"a{i}"
+    return _model(graph_nodes, [], current, channels, size)
+
+
+BUILDERS = {"chain": conv_bn_relu_chain, "mixed": mixed_blocks, "shared": shared_transposes}
 
 
 def timed(path: str | Path, rules: list, check: bool) -> tuple[float, fusectl.OptimizeResult]:

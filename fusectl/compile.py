@@ -921,9 +921,31 @@ def _feeds_back(rewrite: Rewrite, kept: list[ir.Value], inside: set[int]) -> boo
                         stack.append(producer)
                 elif value is not None:
                     wanted.add(id(value))
-        if _reaches(old, wanted, inside):
+        wanted -= _upstream_inputs(old, inside)
+        if wanted and _reaches(old, wanted, inside):
             return True
     return False
+
+
+def _upstream_inputs(value: ir.Value, inside: set[int]) -> set[int]:
+    """The values the matched nodes producing ``value`` read, transitively within the match:
+    they come before ``value``, so it cannot flow into them (transpose-cancel's ``x``: no walk
+    over everything downstream, which made long chains quadratic)."""
+    found: set[int] = set()
+    producer = value.producer()
+    stack = [producer] if producer is not None and id(producer) in inside else []
+    seen = {id(n) for n in stack}
+    while stack:
+        node = stack.pop()
+        for item in node.inputs:
+            if item is None:
+                continue
+            found.add(id(item))
+            source = item.producer()
+            if source is not None and id(source) in inside and id(source) not in seen:
+                seen.add(id(source))
+                stack.append(source)
+    return found
 
 
 def _reaches(start: ir.Value, wanted: set[int], inside: set[int]) -> bool:
