@@ -476,14 +476,8 @@ def generate_inputs(
     provided = dict(_resolve_positions(options.inputs or {}, names))
     _check_names(provided, names, "input")
     _check_names(options.input_ranges, names, "input")
-    symbolic = [
-        d.value
-        for v in runtime_inputs
-        if v.shape is not None
-        for d in v.shape
-        if isinstance(d, ir.SymbolicDim) and d.value is not None
-    ]
-    _check_names(options.dims, list(dict.fromkeys(symbolic)), "symbolic dim")
+    named = _symbolic_names(runtime_inputs)
+    _check_names(options.dims, list(named), "symbolic dim")
     for dim_name, dim_value in options.dims.items():
         if isinstance(dim_value, bool) or not isinstance(dim_value, (int, np.integer)):
             raise BadInputError(f"dim {dim_name}={dim_value!r}: expected a non-negative integer")
@@ -497,16 +491,9 @@ def generate_inputs(
         if not lo <= hi:
             raise BadInputError(f"input range for {range_name!r}: low {lo} is above high {hi}")
 
-    named = frozenset(symbolic)
-    feeds: dict[str, np.ndarray] = {}
-    bound: dict[str, int] = {}
-    for value in runtime_inputs:
-        if value.name in provided:
-            arr = _check_provided(value, provided[value.name], options.dims)
-            feeds[value.name] = arr
-            for dim, size in zip(value.shape or (), arr.shape, strict=False):
-                if isinstance(dim, ir.SymbolicDim) and dim.value is not None:
-                    bound.setdefault(dim.value, int(size))
+    feeds = {value.name: _check_provided(value, provided[value.name], options.dims)
+             for value in runtime_inputs if value.name in provided}
+    bound = _bound_dims(runtime_inputs, feeds)
 
     rng = np.random.default_rng(options.seed + sample)
     result: dict[str, np.ndarray] = {}
@@ -567,15 +554,31 @@ def _batch_like(name: str) -> bool:
     return lowered in _BATCH_NAMES or "batch" in lowered
 
 
+def _symbolic_names(runtime: list[ir.Value]) -> dict[str, None]:
+    """The symbolic dim names the inputs use, in order (a dict as an ordered set)."""
+    return dict.fromkeys(d.value for v in runtime for d in v.shape or ()
+                         if isinstance(d, ir.SymbolicDim) and d.value is not None)
+
+
+def _bound_dims(runtime: list[ir.Value], arrays: Mapping[str, Any]) -> dict[str, int]:
+    """Symbolic dims the user's arrays fix, by name (the first array naming one wins)."""
+    bound: dict[str, int] = {}
+    for value in runtime:
+        if value.name in arrays:
+            for dim, size in zip(value.shape or (), np.shape(arrays[value.name]), strict=False):
+                if isinstance(dim, ir.SymbolicDim) and dim.value is not None:
+                    bound.setdefault(dim.value, int(size))
+    return bound
+
+
 def _generates_batch(model: ir.Model, options: ValidationOptions) -> bool:
-    """Whether some generated input has a dim that takes ``options.batch``: a batch-like
-    name bound neither by ``--dim`` nor by an array the user gave (by name or position)."""
+    """Whether ``options.batch`` reaches the shape of some generated input (so another
+    batch may let the model run): :func:`_resolve_dim` asked with two batches."""
     runtime = _runtime_inputs(model)
     given = _given_inputs(runtime, options)
-    bound = {d.value for v in runtime if v.name in given for d in v.shape or ()
-             if isinstance(d, ir.SymbolicDim)}
-    return any(isinstance(d, ir.SymbolicDim) and d.value is not None and _batch_like(d.value)
-               and d.value not in options.dims and d.value not in bound
+    bound, named = _bound_dims(runtime, given), _symbolic_names(runtime)
+    return any(_resolve_dim(d, options.dims, bound, named, options.batch)
+               != _resolve_dim(d, options.dims, bound, named, options.batch + 1)
                for v in runtime if v.name not in given for d in v.shape or ())
 
 
