@@ -1,0 +1,6 @@
+"""``python -m fusectl``: the same command line as the ``fusectl`` script, for environments
+where the script is not on PATH."""
+
+from .cli import entry
+
+entry()
