@@ -104,6 +104,7 @@ _BATCH_NAMES = frozenset({"n", "b", "batch", "batch_size"})
 _DEFAULT_BATCH = 2
 _FALLBACK_BATCH = 1
 _DEFAULT_DIM = 8
+_FALLBACK_DIM = 64
 _DEFAULT_INT_HIGH = 10
 # Widest generated floats of the float16 range sample: |x| > 256 squares past 65504.
 _FP16_RANGE = 512.0
@@ -176,6 +177,10 @@ class ValidationOptions:
     batch: int = _DEFAULT_BATCH
     """Batch-like dims not bound otherwise: 2, so a rewrite that mixes up the batch axis
     shows (at 1 it cannot); ``run_reference`` falls back to 1 for a model that fails at 2."""
+    size: int = _DEFAULT_DIM
+    """Other dynamic dims not bound otherwise: 8, small and fast; ``run_reference`` falls
+    back to 64 for a model that fails at 8 (a detector whose feature pyramid adds maps
+    upsampled from 1/32 scale needs sizes divisible by 32)."""
 
 
 class ProgressStep(str):
@@ -503,7 +508,8 @@ def generate_inputs(
             result[name] = feeds[name]
             continue
         dtype, shape = _tensor_signature(value)
-        dims = tuple(_resolve_dim(d, options.dims, bound, named, options.batch) for d in shape)
+        dims = tuple(_resolve_dim(d, options.dims, bound, named, options.batch, options.size,
+                                  axis == 0) for axis, d in enumerate(shape))
         result[name] = np.asarray(_generate(
             value, dtype, dims, rng, options.input_ranges.get(name), float_range or (-1.0, 1.0)
         ))
@@ -531,22 +537,24 @@ def _tensor_signature(value: ir.Value) -> tuple[ir.DataType, ir.Shape]:
 
 
 def _resolve_dim(dim: int | ir.SymbolicDim, dims: Mapping[str, int], bound: Mapping[str, int],
-                 named: Collection[str] = (), batch: int = _DEFAULT_BATCH):
-    if isinstance(dim, int):
-        # -1 is how older exporters (Paddle2ONNX) spell a dynamic dim: an unnamed one.
-        return dim if dim >= 0 else _DEFAULT_DIM
-    name = dim.value
+                 named: Collection[str] = (), batch: int = _DEFAULT_BATCH,
+                 size: int = _DEFAULT_DIM, first_axis: bool = False):
+    if isinstance(dim, int) and dim >= 0:
+        return dim
+    name = None if isinstance(dim, int) else dim.value
     if name is None:
-        return _DEFAULT_DIM
+        # -1 is how older exporters (Paddle2ONNX) spell a dynamic dim: an unnamed one,
+        # on the first axis the batch ([-1, 3, -1, -1] images)
+        return batch if first_axis else size
     if name in dims:
         return int(dims[name])
     if name in bound:
         return bound[name]
     if not name.isidentifier():  # torch's "s16 + s62" (past + new length): its symbols' sum
-        computed = _expression_dim(dim, dims, bound, named, batch)
+        computed = _expression_dim(dim, dims, bound, named, batch, size)
         if computed is not None:
             return computed
-    return batch if _batch_like(name) else _DEFAULT_DIM
+    return batch if _batch_like(name) else size
 
 
 def _batch_like(name: str) -> bool:
@@ -571,19 +579,20 @@ def _bound_dims(runtime: list[ir.Value], arrays: Mapping[str, Any]) -> dict[str,
     return bound
 
 
-def _generates_batch(model: ir.Model, options: ValidationOptions) -> bool:
-    """Whether ``options.batch`` reaches the shape of some generated input (so another
-    batch may let the model run): :func:`_resolve_dim` asked with two batches."""
+def _generated_with(model: ir.Model, options: ValidationOptions, other: ValidationOptions
+                    ) -> bool:
+    """Whether some generated input's shape differs between ``options`` and ``other``
+    (another batch or size): whether falling back to ``other`` may let the model run."""
     runtime = _runtime_inputs(model)
     given = _given_inputs(runtime, options)
     bound, named = _bound_dims(runtime, given), _symbolic_names(runtime)
-    return any(_resolve_dim(d, options.dims, bound, named, options.batch)
-               != _resolve_dim(d, options.dims, bound, named, options.batch + 1)
-               for v in runtime if v.name not in given for d in v.shape or ())
+    return any(_resolve_dim(d, options.dims, bound, named, options.batch, options.size, i == 0)
+               != _resolve_dim(d, other.dims, bound, named, other.batch, other.size, i == 0)
+               for v in runtime if v.name not in given for i, d in enumerate(v.shape or ()))
 
 
 def _expression_dim(dim: ir.SymbolicDim, dims: Mapping[str, int], bound: Mapping[str, int],
-                    named: Collection[str], batch: int) -> int | None:
+                    named: Collection[str], batch: int, size: int) -> int | None:
     """A dim spelled as an expression of dims that inputs name on their own (torch's
     ``s16 + s62``), each resolved as such; None for anything else (``seq-len`` is a name,
     not a difference) and for a result below 1."""
@@ -591,7 +600,7 @@ def _expression_dim(dim: ir.SymbolicDim, dims: Mapping[str, int], bound: Mapping
     if symbols is None:
         return None
     try:
-        value = dim.evaluate({s: _resolve_dim(ir.SymbolicDim(s), dims, bound, (), batch)
+        value = dim.evaluate({s: _resolve_dim(ir.SymbolicDim(s), dims, bound, (), batch, size)
                               for s in symbols})
     except Exception:  # noqa: BLE001 - an expression onnx-ir cannot evaluate
         return None
@@ -1407,28 +1416,55 @@ def run_reference(
     notify = progress or _ignore
     if options.samples < 1:
         raise BadInputError(f"samples must be at least 1, got {options.samples}")
-    try:
-        return _run_reference(reference, options, notify)
-    except _ReferenceFailure as failure:
-        if options.batch == _FALLBACK_BATCH or not failure.batched:
-            raise failure.error from None
-        note = (f"batch-like dims generated at {_FALLBACK_BATCH}: the input model fails at "
-                f"batch {options.batch} ({failure.error})")
+    first: _ReferenceFailure | None = None
+    for attempt in _fallbacks(options):
+        if attempt is not options:
+            notify(f"the input model fails on generated inputs; trying "
+                   f"{_generated_at(attempt, options)}")
+        try:
+            run = _run_reference(reference, attempt, notify)
+        except _ReferenceFailure as failure:
+            first = first or failure
+            if not failure.retry:
+                break
+            continue
+        if attempt is options:
+            return run
+        note = (f"inputs generated with {_generated_at(attempt, options)}: the input model "
+                f"fails with {_generated_at(options, attempt)} ({first.error})")
         notify(note)
-    try:
-        run = _run_reference(reference, replace(options, batch=_FALLBACK_BATCH), notify)
-    except _ReferenceFailure as failure:
-        raise failure.error from None
-    return replace(run, batch_note=note)
+        return replace(run, batch_note=note)
+    assert first is not None
+    raise first.error from None
+
+
+def _fallbacks(options: ValidationOptions) -> list[ValidationOptions]:
+    """The generated-input settings to try in turn: the given ones, then batch-like dims
+    at 1, other dynamic dims at 64, both (each only if it differs from the given one)."""
+    attempts = [options]
+    for batch, size in ((_FALLBACK_BATCH, options.size), (options.batch, _FALLBACK_DIM),
+                        (_FALLBACK_BATCH, _FALLBACK_DIM)):
+        attempt = replace(options, batch=min(batch, options.batch), size=max(size, options.size))
+        if all(attempt != other for other in attempts):
+            attempts.append(attempt)
+    return attempts
+
+
+def _generated_at(options: ValidationOptions, other: ValidationOptions) -> str:
+    """How ``options`` generates inputs, where it differs from ``other``."""
+    said = [f"batch-like dims at {options.batch}"] if options.batch != other.batch else []
+    if options.size != other.size:
+        said.append(f"{'other ' if said else ''}dynamic dims at {options.size}")
+    return " and ".join(said)
 
 
 class _ReferenceFailure(Exception):
-    """onnxruntime could not run the reference on generated inputs; ``batched``: some
-    batch-like dim was generated at ``ValidationOptions.batch`` (another batch may work)."""
+    """onnxruntime could not run the reference on generated inputs; ``retry``: another
+    batch or dynamic-dim size changes the generated inputs (and may let it run)."""
 
-    def __init__(self, error: BadInputError, batched: bool) -> None:
+    def __init__(self, error: BadInputError, retry: bool) -> None:
         super().__init__(str(error))
-        self.error, self.batched = error, batched
+        self.error, self.retry = error, retry
 
 
 def _run_reference(reference: ModelSource, options: ValidationOptions,
@@ -1452,7 +1488,8 @@ def _run_reference(reference: ModelSource, options: ValidationOptions,
             range_sample = len(feed_sets)
             feed_sets.append(feeds)
     dynamic = _dynamic_generated_inputs(reference_ir, options)
-    batched = _generates_batch(reference_ir, options)
+    resizable = any(_generated_with(reference_ir, options, other)
+                    for other in _fallbacks(options)[1:])
     del reference_ir
     input_shapes = {k: tuple(int(d) for d in np.shape(v)) for k, v in feed_sets[0].items()}
     try:
@@ -1463,7 +1500,7 @@ def _run_reference(reference: ModelSource, options: ValidationOptions,
         raise _ReferenceFailure(BadInputError(
             f"onnxruntime cannot run the input model: {_first_line(e.message)}"
             f"{_generated_hint(dynamic, input_shapes)}"
-        ), batched and e.stage != "session creation") from None
+        ), resizable and e.stage != "session creation") from None
     if options.inputs:
         _check_not_vacuous(runs[0][0])
     unstable = []

@@ -923,7 +923,7 @@ def test_a_model_that_runs_at_batch_one_only_is_validated_at_one():
     progress: list[str] = []
     reference = v.run_reference(traced_batch_one(), progress=progress.append)
     assert reference.input_shapes == {"x": (1, 4)}
-    assert reference.batch_note and "fails at batch 2" in reference.batch_note
+    assert reference.batch_note and "fails with batch-like dims at 2" in reference.batch_note
     assert reference.batch_note in progress
     result = v.validate(traced_batch_one(), traced_batch_one())
     assert result.passed and v.to_dict(result)["batch_note"] == reference.batch_note
@@ -951,7 +951,7 @@ def test_no_second_batch_when_the_batch_is_not_why_it_fails():
     with pytest.raises(BadInputError):
         v.run_reference(traced_batch_one(), v.ValidationOptions(dims={"batch": 2}),
                         progress=progress.append)
-    assert not any("generated at 1" in p for p in progress)
+    assert progress and not any("trying" in p for p in progress)
 
 
 @pytest.mark.parametrize("batch", [0, -1, True])
@@ -960,11 +960,41 @@ def test_a_batch_below_one_is_refused(batch):
         v.generate_inputs(traced_batch_one(), v.ValidationOptions(batch=batch))
 
 
+def test_a_model_failing_at_size_8_is_validated_at_64():
+    """A detector whose feature pyramid needs sizes divisible by 32 fails at the default 8;
+    at 64 it runs, with a note, and the candidate is compared on the same inputs."""
+    needs_wide = model("g (float[batch, W] x, float[32] c) => (float[batch, 32] y) "
+                       "<int64[1] s = {0}, int64[1] e = {32}, int64[1] a = {1}> "
+                       "{ t = Slice(x, s, e, a)\n y = Add(t, c) }")
+    progress: list[str] = []
+    reference = v.run_reference(needs_wide, progress=progress.append)
+    assert reference.input_shapes == {"x": (2, 64), "c": (32,)}
+    assert reference.batch_note.startswith("inputs generated with dynamic dims at 64: the "
+                                           "input model fails with dynamic dims at 8")
+    assert v.validate(needs_wide, needs_wide).passed
+    assert v.run_reference(needs_wide, v.ValidationOptions(dims={"W": 40})).batch_note is None
+
+
+def test_an_unnamed_dynamic_first_axis_is_generated_as_the_batch():
+    """Paddle2ONNX's images are [-1, 3, -1, -1]: the first -1 is the batch (2, or 1 on
+    fallback), the others take the size."""
+    images = model("g (float[N, 3, H, W] x) => (float[N, 3, H, W] y) { y = Relu(x) }")
+    for value in images.graph.inputs[:1] + images.graph.outputs[:1]:
+        value.shape = ir.Shape([-1, 3, -1, -1])
+    assert v.generate_inputs(images)["x"].shape == (2, 3, 8, 8)
+    assert v.generate_inputs(images, v.ValidationOptions(batch=1, size=64))["x"].shape \
+        == (1, 3, 64, 64)
+
+
 def test_a_model_failing_at_every_batch_names_the_batch_one_shapes():
-    """No batch helps (W must be 32): the error is the one at batch 1, as before."""
+    """No batch or size helps (W must be 32): the error is the one at the given settings,
+    after every fallback was tried."""
     needs_w = model("g (float[batch, W] x, float[32] c) => (float[batch, 32] y) "
                     "{ y = Add(x, c) }")
     progress: list[str] = []
-    with pytest.raises(BadInputError, match=r"generated inputs: x \[1, 8\]"):
+    with pytest.raises(BadInputError, match=r"generated inputs: x \[2, 8\]"):
         v.run_reference(needs_w, progress=progress.append)
-    assert any("generated at 1" in p for p in progress)  # it did try batch 1
+    tried = [p for p in progress if p.startswith("the input model fails")]
+    assert tried == [f"the input model fails on generated inputs; trying {how}" for how in (
+        "batch-like dims at 1", "dynamic dims at 64",
+        "batch-like dims at 1 and other dynamic dims at 64")]
