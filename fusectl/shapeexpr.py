@@ -244,7 +244,9 @@ class _Evaluator:
         if op == "Concat":
             return _concat(node, [self._input(node, i) for i in range(len(node.inputs))])
         if op in _ELEMENTWISE:
-            return _elementwise(op, self._input(node, 0), self._input(node, 1))
+            a, b = self._input(node, 0), self._input(node, 1)
+            result = _elementwise(op, a, b)
+            return self._named_sums(a, b, result) if op == "Add" and self.names else result
         if op == "Equal":
             return _equal(self._input(node, 0), self._input(node, 1))
         if op == "Where":
@@ -253,6 +255,31 @@ class _Evaluator:
         if handler is None:
             raise NoMatch(f"{op} in the shape computation")
         return handler(node, self._input(node, 0))
+
+    def _named_sums(self, a: ShapeTensor, b: ShapeTensor, result: ShapeTensor) -> ShapeTensor:
+        """``result`` (an Add of ``a`` and ``b``) with each sum of two named dims named
+        (a mask over past + new tokens: ``past_sequence_length + sequence_length``)."""
+        if len(a.entries) != len(b.entries) or a.dtype not in _INT_RANGES:
+            return result
+        entries = list(result.entries)
+        for index, (x, y) in enumerate(zip(a.entries, b.entries, strict=True)):
+            names = self._name(x), self._name(y)
+            if entries[index] is None and None not in names:
+                total = _named_sum(*names)
+                if total is not None:
+                    axis = self.axis_of_name.get(total)
+                    entries[index] = Dim(axis) if axis is not None else Named(total)
+        return ShapeTensor(tuple(entries), result.rank, result.dtype)
+
+    def _name(self, entry: Entry) -> str | None:
+        """The name of a named dim entry (one of the input's, by its axis), or None."""
+        if isinstance(entry, Named):
+            return entry.name
+        shape = self.data.shape if isinstance(entry, Dim) and is_value(self.data) else None
+        dim = shape[entry.axis] if shape is not None and entry.axis < len(shape) else None
+        if dim is None or isinstance(dim, int) or is_minted(dim.value):
+            return None
+        return dim.value
 
     def _input(self, node: ir.Node, index: int) -> ShapeTensor:
         if index >= len(node.inputs) or node.inputs[index] is None:
@@ -263,11 +290,13 @@ class _Evaluator:
         source = node.inputs[0]
         dims = _shape_of_known_rank(source)
         # A graph output's dims may be only declared by the exporter, never checked by
-        # inference: they say nothing about its run-time shape (prepare does not fold them).
-        declared = source is not self.data and source.is_graph_output()
+        # inference: they say nothing about its run-time shape (prepare does not fold them),
+        # except what its producer tells (a KV cache's present, Concat(past, new)).
+        if source is not self.data and source.is_graph_output():
+            dims = _concat_kept_dims(source, len(dims))
         entries: list[Entry] = []
         for axis, dim in enumerate(dims):
-            if declared:
+            if dim is None:
                 entries.append(None)
             elif isinstance(dim, int):
                 entries.append(dim)
@@ -284,6 +313,27 @@ class _Evaluator:
 
 
 # ----------------------------------------------------------------------------- reading
+
+
+def _concat_kept_dims(value: ir.Value, rank: int) -> tuple[int | str | None, ...]:
+    """The dims of a Concat's output along the axes it does not concatenate: those of its
+    first input whose shape is not only declared (a graph input's is checked at run time);
+    None elsewhere and for any other producer."""
+    unknown: tuple[int | str | None, ...] = (None,) * rank
+    node = value.producer()
+    if node is None or node.op_type != "Concat" or node.domain not in _ONNX_DOMAINS:
+        return unknown
+    axis = node.attributes.get("axis")
+    if axis is None or not isinstance(axis.value, int) or not -rank <= axis.value < rank:
+        return unknown
+    for source in node.inputs:
+        if source is None or source.shape is None or source.is_graph_output() \
+                or len(source.shape) != rank:
+            continue
+        kept = _shape_of_known_rank(source)
+        return tuple(None if i == axis.value % rank else d for i, d in enumerate(kept))
+    return unknown
+
 
 
 def _constant(tensor: ir.TensorProtocol) -> ShapeTensor:
@@ -510,6 +560,21 @@ def _arithmetic(op: str, a: Entry, b: Entry, dtype: ir.DataType) -> Entry:
     if not low <= value <= high:
         raise NoMatch(f"{op} overflows {dtype}")
     return value
+
+
+SUM_TERMS = 8
+"""Terms of a named sum at most (a mask over past + new tokens has two)."""
+
+
+def _named_sum(a: str, b: str) -> str | None:
+    """The dim ``a + b``, spelled as exporters declare it (optimum's ``past_sequence_length +
+    sequence_length``, torch's ``s16 + s62``): identifiers in sorted order, joined by
+    `` + ``, so the same sum computed either way round has one name. None when a term is
+    not an identifier (a product, a minted symbol's expression)."""
+    terms = sorted(a.split(" + ") + b.split(" + "))
+    if len(terms) > SUM_TERMS or not all(t.isidentifier() for t in terms):
+        return None
+    return " + ".join(terms)
 
 
 def _broadcast_pairs(*tensors: ShapeTensor) -> list[tuple[Entry, ...]]:

@@ -269,28 +269,33 @@ def _slice_dims(node: ir.Node) -> Dims | None:
     taken as the length only along an axis of static size, as exporters slice a fixed
     buffer to the sequence length (``position_ids[:, :seq_len]``; a longer sequence than
     the buffer fails where the slice meets it). Along a dynamic axis the slice may be
-    shorter than ``n`` and stays unnamed: reads of its shape would be moved to ``n``."""
+    shorter than ``n`` and stays unnamed: reads of its shape would be moved to ``n``.
+    ``Slice(x, p, end)`` of an axis named as a sum ``p + s`` is ``s`` long (``_sum_after``)."""
     if len(node.inputs) < 3 or any(v is None for v in node.inputs[:3]):
         return None
     data_dims = _dims(node.inputs[0].shape)
     try:
-        starts, axes, steps = (_ints(node, "starts", 1), _ints(node, "axes", 3),
-                               _ints(node, "steps", 4))
+        axes, steps = _ints(node, "axes", 3), _ints(node, "steps", 4)
     except NoMatch:  # a bound computed at run time
         return None
+    starts = shape_entries(node.inputs[1], node.inputs[0])
     ends = shape_entries(node.inputs[2], node.inputs[0])
     axes = list(range(len(starts or ()))) if axes is None else axes
     steps = [1] * len(starts or ()) if steps is None else steps
     if (data_dims is None or starts is None or ends is None
             or not len(starts) == len(ends) == len(axes) == len(steps)
-            or any(s != 0 for s in starts) or any(s != 1 for s in steps)):
+            or any(s != 1 for s in steps)):
         return None
     dims = list(data_dims)
-    for axis, end in zip(axes, ends, strict=True):
+    for axis, start, end in zip(axes, starts, ends, strict=True):
         if not -len(dims) <= axis < len(dims):
             return None
         size = dims[axis]
-        if isinstance(end, int) and not isinstance(end, bool):
+        if not _is_int(start, 0):
+            dims[axis] = _sum_after(size, _entry_dim(start, data_dims), end)
+            if dims[axis] is None:
+                return None
+        elif isinstance(end, int) and not isinstance(end, bool):
             if isinstance(size, int):
                 dims[axis] = max(0, min(end + size if end < 0 else end, size))
             else:
@@ -300,6 +305,23 @@ def _slice_dims(node: ir.Node) -> Dims | None:
         else:
             dims[axis] = size if _entry_dim(end, data_dims) == size else None
     return dims
+
+
+def _sum_after(size: int | str | None, start: int | str | None, end: Entry) -> str | None:
+    """The length of ``x[p:]`` along an axis named as a sum of ``p`` and more (torch's
+    ``position_ids[:, past:]`` of a mask over past + new tokens is as long as the new tokens:
+    a dim is never negative, so ``p`` is within the axis); None for anything else."""
+    to_end = isinstance(end, int) and not isinstance(end, bool) and end >= SLICE_TO_END
+    if not isinstance(size, str) or not isinstance(start, str) or not to_end:
+        return None
+    terms, skipped = size.split(" + "), start.split(" + ")
+    if not all(t.isidentifier() for t in terms + skipped):
+        return None
+    for term in skipped:
+        if term not in terms:
+            return None
+        terms.remove(term)
+    return " + ".join(terms) or None
 
 
 def _flatten_dims(node: ir.Node) -> Dims | None:

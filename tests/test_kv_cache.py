@@ -155,3 +155,50 @@ def test_grouped_query_decode_reads_the_cache_once(tmp_path, tokens: int, fused:
         assert ops["Expand"] == ops["Concat"] == ops["Transpose"] == 0
     else:  # several new tokens over a past in a batch of 2: onnxruntime's kernel refuses
         assert ops["GroupQueryAttention"] == 0 and ops["MultiHeadAttention"] == 1
+
+
+# optimum's GPT-2 export with dynamic axes: the mask over past + new tokens is declared as
+# [batch, "past + seq"] and expanded to a length the graph computes as Shape(past)[2] +
+# Shape(x)[1]; a name for that sum is what shows the mask as long as the cache
+DYNAMIC_STEP = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[batch,seq,64] x, float[batch,4,past,16] past_k, float[batch,4,past,16] past_v,
+       float[batch,1,1,TOTAL] mask)
+      => (float[batch,seq,64] y, float[batch,4,TOTAL,16] present_k,
+          float[batch,4,TOTAL,16] present_v)
+    <int64[4] qheads = {{0, 0, 4, 16}}, int64[4] kvheads = {{0, 0, 4, 16}},
+     int64[3] merged = {{0, 0, 64}}, float scale = {{4.0}}, int64 i0 = {{0}}, int64 i1 = {{1}},
+     int64 i2 = {{2}}, int64[1] a0 = {{0}}, int64[1] one = {{1}},
+     float[64,64] wq, float[64,64] wk, float[64,64] wv>
+    {{ {cached}
+      sx = Shape(x)  b = Gather<axis=0>(sx, i0)  s = Gather<axis=0>(sx, i1)
+      sp = Shape(past_k)  p = Gather<axis=0>(sp, i2)  total = Add({first}, {second})
+      ub = Unsqueeze(b, a0)  us = Unsqueeze(s, a0)  ut = Unsqueeze(total, a0)
+      target = Concat<axis=0>(ub, one, us, ut)  em = Expand(mask, target)
+      keys = Transpose<perm=[0,1,3,2]>(present_k)
+      sc = MatMul(qt, keys)  sd = Div(sc, scale)  sm = Add(sd, em)  pr = Softmax<axis=-1>(sm)
+      o = MatMul(pr, present_v)  ot = Transpose<perm=[0,2,1,3]>(o)  y = Reshape(ot, merged)
+    }}
+"""
+
+
+@pytest.mark.parametrize("order", [("p", "s"), ("s", "p")])
+def test_a_dynamic_decode_step_with_optimums_names_becomes_one_attention(
+        tmp_path, order: tuple[str, str]) -> None:
+    """Either order of the Add names the sum as the inputs declare it: the expanded mask
+    is then as long as the keys, and the attention fuses with the cache."""
+    proto = parse_with_weights(DYNAMIC_STEP.format(cached=CACHED_HEADS, first=order[0],
+                                                   second=order[1]))
+    for value in [*proto.graph.input, *proto.graph.output]:
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.dim_param == "TOTAL":
+                dim.dim_param = "past + seq"
+    path = tmp_path / "dynamic.onnx"
+    onnx.save(proto, path)
+    result = fusectl.optimize(str(path), target="onnxruntime")
+    assert result.validation is not None and result.validation.passed
+    assert result.validation.input_shapes["mask"] == (2, 1, 1, 16)  # past 8 + seq 8
+    ops = Counter(n.op_type for n in result.model.graph)
+    assert ops["MultiHeadAttention"] == 1 and ops["Softmax"] == 0 and ops["Transpose"] == 0
+    attention = next(n for n in result.model.graph if n.op_type == "MultiHeadAttention")
+    assert [v.name for v in attention.outputs[1:]] == ["present_k", "present_v"]

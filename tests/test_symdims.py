@@ -13,6 +13,7 @@ from values import parse_with_weights
 
 from fusectl import symdims
 from fusectl.modelio import from_proto
+from fusectl.shapeexpr import is_minted
 
 
 def _model(start: int = 0, delta: int = 1, source: str = "x") -> ir.Model:
@@ -254,3 +255,65 @@ def test_a_slice_of_a_dynamic_axis_to_another_dim_stays_unnamed() -> None:
         p.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)]
         for p in (proto, after)]
     assert shapes[0] == shapes[1] == [(3,), (2,)]
+
+
+# ------------------------------------------------------------- sums of named dims
+
+# optimum's names: a mask over past + new tokens, a cache of past tokens
+SUMS = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (int64[batch,seq] ids, float[batch,4,past,8] pk, int64[batch,TOTAL] mask)
+      => (int64[?] y)
+    <int64 i0 = {{0}}, int64 i1 = {{1}}, int64 i2 = {{2}}, int64[1] a0 = {{0}},
+     int64[1] a1 = {{1}}, int64[1] two = {{2}}, int64[1] big = {{9223372036854775807}}>
+    {{
+      si = Shape(ids)  b = Gather<axis=0>(si, i0)  s = Gather<axis=0>(si, i1)
+      sp = Shape(pk)  p = Gather<axis=0>(sp, i2)  ub = Unsqueeze(b, a0)
+      up = Unsqueeze(p, a0)  us = Unsqueeze(s, a0)
+      {nodes}
+      y = Shape(r)
+    }}
+"""
+
+
+def _sums(nodes: str) -> ir.Model:
+    proto = onnx.parser.parse_model(SUMS.format(nodes=nodes))
+    for value in proto.graph.input:
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.dim_param == "TOTAL":
+                dim.dim_param = "past + seq"
+    return from_proto(proto)
+
+
+@pytest.mark.parametrize(("nodes", "expected"), [
+    # torch's arange(past + seq): the sum spelled as declared, either order of the Add
+    ("t = Add(p, s)  r = Range(i0, t, i1)", ["past + seq"]),
+    ("t = Add(s, p)  r = Range(i0, t, i1)", ["past + seq"]),
+    ("t = Add(up, us)  c = Concat<axis=0>(ub, t)  r = Expand(mask, c)", ["batch", "past + seq"]),
+    # position_ids[:, past:] of the mask's cumsum: the new tokens
+    ("r = Slice(mask, up, big, a1)", ["batch", "seq"]),
+    ("r = Slice(mask, us, big, a1)", ["batch", "past"]),
+    ("t = Add(p, s)  u = Unsqueeze(t, a0)  c = Concat<axis=0>(ub, u)  e = Expand(mask, c)"
+     "  r = Slice(e, up, big, a1)", ["batch", "seq"]),
+])
+def test_a_sum_of_named_dims_is_named(nodes: str, expected: list) -> None:
+    model = _sums(nodes)
+    assert _dims(model, "r") != expected
+    assert symdims.name_lost_dims(model)
+    assert _dims(model, "r") == expected
+
+
+@pytest.mark.parametrize("nodes", [
+    "t = Mul(p, s)  r = Range(i0, t, i1)",  # a product is spelled otherwise (and is no sum)
+    "t = Sub(p, s)  r = Range(i0, t, i1)",
+    "t = Add(p, two)  r = Range(i0, t, i1)",  # past + 2: no name of its own
+    "r = Slice(mask, ub, big, a1)",  # batch is no term of past + seq
+    "r = Slice(mask, up, us, a1)",  # from past to seq: not to the end
+    "r = Slice(mask, up, big, a1, two)",  # every second one
+])
+def test_what_is_no_sum_of_named_dims_stays_unknown(nodes: str) -> None:
+    """The computed axis keeps no name (the others may: a Slice along axis 1 keeps the
+    batch)."""
+    model = _sums(nodes)
+    symdims.name_lost_dims(model)
+    assert is_minted(_dims(model, "r")[-1])
