@@ -9,8 +9,11 @@ exporters in three steps, named ``NAME.EXPORTER.pPAST.sSEQ.onnx``:
 * ``p8.s1``: a decode step, eight cached tokens and one new one;
 * ``p8.s4``: a chunked prefill, eight cached tokens and four new ones.
 
-``--dynamic`` exports one more model per architecture and exporter, ``NAME.EXPORTER.dyn.onnx``,
-with batch, sequence and past length as symbolic dims (what optimum writes). The inputs are
+``--dynamic`` exports one more model per architecture, ``NAME.ts.dyn.onnx``, with batch,
+sequence and past length as symbolic dims and optimum's names (``past_sequence_length +
+sequence_length`` for the mask and the present). TorchScript only: torch.export's derived
+dims are of one symbol, so a dynamo export declares the mask's length as a symbol unrelated
+to past + sequence, and no generated input can run it. The inputs are
 ``input_ids``, ``attention_mask`` (over past + new tokens) and ``past_key_values.N.key/value``;
 the outputs ``logits`` and ``present.N.key/value``.
 
@@ -126,17 +129,16 @@ def _export(module, args, path: Path, names: list[str], outputs: list[str], dyna
 
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)
     kwargs = {}
-    if dynamic and dynamo:
-        batch, seq, past = (torch.export.Dim.DYNAMIC,) * 3
-        cache = tuple({0: batch, 2: past} for _ in args[2:])  # forward's *past
-        kwargs["dynamic_shapes"] = ({0: batch, 1: seq}, {0: batch, 1: past}, cache)
-    elif dynamic:
-        axes = {"input_ids": {0: "batch", 1: "sequence"},
-                "attention_mask": {0: "batch", 1: "total"}, "logits": {0: "batch", 1: "sequence"}}
+    if dynamic:
+        # optimum's names: a dim spelled as a sum is the past and the new tokens
+        batch, seq, past = "batch_size", "sequence_length", "past_sequence_length"
+        total = f"{past} + {seq}"
+        axes = {"input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: total},
+                "logits": {0: batch, 1: seq}}
         for name in names[2:]:
-            axes[name] = {0: "batch", 2: "past"}
+            axes[name] = {0: batch, 2: past}
         for name in outputs[1:]:
-            axes[name] = {0: "batch", 2: "total"}
+            axes[name] = {0: batch, 2: total}
         kwargs["dynamic_axes"] = axes
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
@@ -163,6 +165,8 @@ def build(out: Path, models: list[str], dynamic: bool) -> int:
             args = _inputs(config, past, seq)
             names, outputs = _names(past)
             for exporter, dynamo in (("ts", False), ("dynamo", True)):
+                if dynamo and tag == "dyn":
+                    continue  # see the module docstring
                 path = out / f"{name}.{exporter}.{tag}.onnx"
                 try:
                     _export(module, args, path, names, outputs, dynamo, tag == "dyn")

@@ -2,7 +2,7 @@
 
 Run by hand before and after a rule change, and compare::
 
-    python bench/sweep.py MODELS_DIR --out before.tsv [--target onnxruntime] [-- ARGS...]
+    python bench/sweep.py MODELS_DIR --out before.tsv [--target onnxruntime] [-- FUSECTL_ARGS...]
     python bench/sweep.py MODELS_DIR --out after.tsv --compare before.tsv
 
 Each model runs in its own process (the CLI, as users run it, with validation unless
@@ -62,8 +62,10 @@ def main() -> int:
     parser.add_argument("--target", default="onnx")
     parser.add_argument("--compare", type=Path, help="an earlier TSV: print what changed")
     parser.add_argument("--jobs", type=int, default=2)
-    parser.add_argument("args", nargs="*", help="more fusectl optimize arguments (after --)")
-    options = parser.parse_args()
+    argv = sys.argv[1:]
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    options = parser.parse_args(argv[:len(argv) - len(extra) - (1 if "--" in argv else 0)])
+    options.args = extra
     models = sorted(p for p in options.folder.rglob("*.onnx") if not p.name.endswith(".opt.onnx"))
     args = ["--target", options.target, *options.args]
     with ThreadPoolExecutor(options.jobs) as pool:
