@@ -104,7 +104,7 @@ _BATCH_NAMES = frozenset({"n", "b", "batch", "batch_size"})
 _DEFAULT_BATCH = 2
 _FALLBACK_BATCH = 1
 _DEFAULT_DIM = 8
-_FALLBACK_DIM = 64
+_FALLBACK_DIM = 32
 _DEFAULT_INT_HIGH = 10
 # Widest generated floats of the float16 range sample: |x| > 256 squares past 65504.
 _FP16_RANGE = 512.0
@@ -178,9 +178,10 @@ class ValidationOptions:
     """Batch-like dims not bound otherwise: 2, so a rewrite that mixes up the batch axis
     shows (at 1 it cannot); ``run_reference`` falls back to 1 for a model that fails at 2."""
     size: int = _DEFAULT_DIM
-    """Other dynamic dims not bound otherwise: 8, small and fast; ``run_reference`` falls
-    back to 64 for a model that fails at 8 (a detector whose feature pyramid adds maps
-    upsampled from 1/32 scale needs sizes divisible by 32)."""
+    """Other dynamic dims not bound otherwise, but on the first axis: 8, small and fast;
+    ``run_reference`` falls back to 32 for a model that fails at 8 (a detector whose feature
+    pyramid adds maps upsampled from 1/32 scale needs sizes divisible by 32). The first
+    axis, a batch by another name (Paddle2ONNX's ``-1``), stays at 8."""
 
 
 class ProgressStep(str):
@@ -509,7 +510,7 @@ def generate_inputs(
             continue
         dtype, shape = _tensor_signature(value)
         dims = tuple(_resolve_dim(d, options.dims, bound, named, options.batch, options.size,
-                                  axis == 0) for axis, d in enumerate(shape))
+                                  _leading(axis, shape)) for axis, d in enumerate(shape))
         result[name] = np.asarray(_generate(
             value, dtype, dims, rng, options.input_ranges.get(name), float_range or (-1.0, 1.0)
         ))
@@ -538,14 +539,15 @@ def _tensor_signature(value: ir.Value) -> tuple[ir.DataType, ir.Shape]:
 
 def _resolve_dim(dim: int | ir.SymbolicDim, dims: Mapping[str, int], bound: Mapping[str, int],
                  named: Collection[str] = (), batch: int = _DEFAULT_BATCH,
-                 size: int = _DEFAULT_DIM, first_axis: bool = False):
-    if isinstance(dim, int) and dim >= 0:
-        return dim
-    name = None if isinstance(dim, int) else dim.value
+                 size: int = _DEFAULT_DIM, leading: bool = False):
+    if leading:
+        size = _DEFAULT_DIM  # a batch by another name: [-1, 3, -1, -1] images
+    if isinstance(dim, int):
+        # -1 is how older exporters (Paddle2ONNX) spell a dynamic dim: an unnamed one.
+        return dim if dim >= 0 else size
+    name = dim.value
     if name is None:
-        # -1 is how older exporters (Paddle2ONNX) spell a dynamic dim: an unnamed one,
-        # on the first axis the batch ([-1, 3, -1, -1] images)
-        return batch if first_axis else size
+        return size
     if name in dims:
         return int(dims[name])
     if name in bound:
@@ -579,16 +581,21 @@ def _bound_dims(runtime: list[ir.Value], arrays: Mapping[str, Any]) -> dict[str,
     return bound
 
 
-def _generated_with(model: ir.Model, options: ValidationOptions, other: ValidationOptions
-                    ) -> bool:
-    """Whether some generated input's shape differs between ``options`` and ``other``
-    (another batch or size): whether falling back to ``other`` may let the model run."""
+def _generated_shapes(model: ir.Model, options: ValidationOptions
+                      ) -> tuple[tuple[int, ...], ...]:
+    """The shapes ``generate_inputs`` gives the inputs it generates: two settings that give
+    the same ones are one attempt."""
     runtime = _runtime_inputs(model)
     given = _given_inputs(runtime, options)
     bound, named = _bound_dims(runtime, given), _symbolic_names(runtime)
-    return any(_resolve_dim(d, options.dims, bound, named, options.batch, options.size, i == 0)
-               != _resolve_dim(d, other.dims, bound, named, other.batch, other.size, i == 0)
-               for v in runtime if v.name not in given for i, d in enumerate(v.shape or ()))
+    return tuple(tuple(_resolve_dim(d, options.dims, bound, named, options.batch, options.size,
+                                    _leading(axis, v.shape)) for axis, d in enumerate(v.shape))
+                 for v in runtime if v.name not in given and v.shape is not None)
+
+
+def _leading(axis: int, shape: ir.Shape) -> bool:
+    """Whether ``axis`` leads a tensor of rank 2 or more: a batch, by whatever name."""
+    return axis == 0 and len(shape) >= 2
 
 
 def _expression_dim(dim: ir.SymbolicDim, dims: Mapping[str, int], bound: Mapping[str, int],
@@ -1416,31 +1423,45 @@ def run_reference(
     notify = progress or _ignore
     if options.samples < 1:
         raise BadInputError(f"samples must be at least 1, got {options.samples}")
-    first: _ReferenceFailure | None = None
-    for attempt in _fallbacks(options):
-        if attempt is not options:
-            notify(f"the input model fails on generated inputs; trying "
-                   f"{_generated_at(attempt, options)}")
+    try:
+        return _run_reference(reference, options, notify)
+    except _ReferenceFailure as failure:
+        first = failure
+    if not first.retry:
+        raise first.error from None
+    for attempt in _distinct_fallbacks(reference, options):
+        notify(f"the input model fails on generated inputs; trying "
+               f"{_generated_at(attempt, options)}")
         try:
             run = _run_reference(reference, attempt, notify)
         except _ReferenceFailure as failure:
-            first = first or failure
             if not failure.retry:
                 break
             continue
-        if attempt is options:
-            return run
         note = (f"inputs generated with {_generated_at(attempt, options)}: the input model "
                 f"fails with {_generated_at(options, attempt)} ({first.error})")
         notify(note)
         return replace(run, batch_note=note)
-    assert first is not None
     raise first.error from None
+
+
+def _distinct_fallbacks(reference: ModelSource, options: ValidationOptions
+                        ) -> list[ValidationOptions]:
+    """The fallbacks that generate other inputs than ``options`` and each other."""
+    model = _load_for_inputs(reference)
+    tried = [_generated_shapes(model, options)]
+    distinct = []
+    for attempt in _fallbacks(options)[1:]:
+        shapes = _generated_shapes(model, attempt)
+        if shapes not in tried:
+            tried.append(shapes)
+            distinct.append(attempt)
+    return distinct
 
 
 def _fallbacks(options: ValidationOptions) -> list[ValidationOptions]:
     """The generated-input settings to try in turn: the given ones, then batch-like dims
-    at 1, other dynamic dims at 64, both (each only if it differs from the given one)."""
+    at 1, other dynamic dims at 32, both (each only if it differs from the given one)."""
     attempts = [options]
     for batch, size in ((_FALLBACK_BATCH, options.size), (options.batch, _FALLBACK_DIM),
                         (_FALLBACK_BATCH, _FALLBACK_DIM)):
@@ -1459,8 +1480,8 @@ def _generated_at(options: ValidationOptions, other: ValidationOptions) -> str:
 
 
 class _ReferenceFailure(Exception):
-    """onnxruntime could not run the reference on generated inputs; ``retry``: another
-    batch or dynamic-dim size changes the generated inputs (and may let it run)."""
+    """onnxruntime could not run the reference on generated inputs; ``retry``: other
+    generated inputs may let it run (it failed running, not creating the session)."""
 
     def __init__(self, error: BadInputError, retry: bool) -> None:
         super().__init__(str(error))
@@ -1488,8 +1509,6 @@ def _run_reference(reference: ModelSource, options: ValidationOptions,
             range_sample = len(feed_sets)
             feed_sets.append(feeds)
     dynamic = _dynamic_generated_inputs(reference_ir, options)
-    resizable = any(_generated_with(reference_ir, options, other)
-                    for other in _fallbacks(options)[1:])
     del reference_ir
     input_shapes = {k: tuple(int(d) for d in np.shape(v)) for k, v in feed_sets[0].items()}
     try:
@@ -1500,7 +1519,7 @@ def _run_reference(reference: ModelSource, options: ValidationOptions,
         raise _ReferenceFailure(BadInputError(
             f"onnxruntime cannot run the input model: {_first_line(e.message)}"
             f"{_generated_hint(dynamic, input_shapes)}"
-        ), resizable and e.stage != "session creation") from None
+        ), e.stage != "session creation") from None
     if options.inputs:
         _check_not_vacuous(runs[0][0])
     unstable = []

@@ -281,16 +281,16 @@ def test_dim_computed_from_other_dims_cannot_be_bound(capfd, tmp_path: Path):
 
 
 def test_reference_failing_on_generated_dims_says_which_and_how(capfd, tmp_path: Path):
-    """A model that needs W = 32 fails on the generated 8: one line that names the generated
-    shapes and --dim, no onnxruntime log line before it (capfd: onnxruntime writes to the
-    process's stderr directly); --dim W=32 then works."""
+    """A model that needs W = 40 fails on the generated 8 (and on the fallbacks): one line
+    that names the generated shapes and --dim, no onnxruntime log line before it (capfd:
+    onnxruntime writes to the process's stderr directly); --dim W=40 then works."""
     from onnx import helper, numpy_helper
 
     graph = helper.make_graph(
         [helper.make_node("Add", ["x", "c"], ["y"])], "g",
         [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 3, "H", "W"])],
-        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 3, "H", 32])],
-        [numpy_helper.from_array(np.ones(32, np.float32), "c")])
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 3, "H", 40])],
+        [numpy_helper.from_array(np.ones(40, np.float32), "c")])
     path = tmp_path / "needs_w.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
                                 ir_version=8), path)
@@ -299,5 +299,5 @@ def test_reference_failing_on_generated_dims_says_which_and_how(capfd, tmp_path:
     assert len(err.strip().splitlines()) == 1, err
     assert "generated inputs: x [2, 3, 8, 8]" in err and "--dim NAME=VALUE" in err
     assert not (tmp_path / "o.onnx").exists()
-    code, _, err = run(capfd, "optimize", path, "-o", tmp_path / "o.onnx", "--dim", "W=32")
+    code, _, err = run(capfd, "optimize", path, "-o", tmp_path / "o.onnx", "--dim", "W=40")
     assert code == 0, err

@@ -960,41 +960,53 @@ def test_a_batch_below_one_is_refused(batch):
         v.generate_inputs(traced_batch_one(), v.ValidationOptions(batch=batch))
 
 
-def test_a_model_failing_at_size_8_is_validated_at_64():
+def test_a_model_failing_at_size_8_is_validated_at_32():
     """A detector whose feature pyramid needs sizes divisible by 32 fails at the default 8;
-    at 64 it runs, with a note, and the candidate is compared on the same inputs."""
+    at 32 it runs, with a note, and the candidate is compared on the same inputs."""
     needs_wide = model("g (float[batch, W] x, float[32] c) => (float[batch, 32] y) "
                        "<int64[1] s = {0}, int64[1] e = {32}, int64[1] a = {1}> "
                        "{ t = Slice(x, s, e, a)\n y = Add(t, c) }")
     progress: list[str] = []
     reference = v.run_reference(needs_wide, progress=progress.append)
-    assert reference.input_shapes == {"x": (2, 64), "c": (32,)}
-    assert reference.batch_note.startswith("inputs generated with dynamic dims at 64: the "
+    assert reference.input_shapes == {"x": (2, 32), "c": (32,)}
+    assert reference.batch_note.startswith("inputs generated with dynamic dims at 32: the "
                                            "input model fails with dynamic dims at 8")
+    assert [p for p in progress if "trying" in p] == [
+        f"the input model fails on generated inputs; trying {how}"
+        for how in ("batch-like dims at 1", "dynamic dims at 32")]
+    # no batch-like dim: the batch-1 fallback would generate the same inputs, and is skipped
+    progress.clear()
+    no_batch = model("g (float[W] x, float[32] c) => (float[32] y) "
+                     "<int64[1] s = {0}, int64[1] e = {32}, int64[1] a = {0}> "
+                     "{ t = Slice(x, s, e, a)\n y = Add(t, c) }")
+    assert v.run_reference(no_batch, progress=progress.append).input_shapes["x"] == (32,)
+    assert [p for p in progress if "trying" in p] == [
+        "the input model fails on generated inputs; trying dynamic dims at 32"]
     assert v.validate(needs_wide, needs_wide).passed
     assert v.run_reference(needs_wide, v.ValidationOptions(dims={"W": 40})).batch_note is None
 
 
-def test_an_unnamed_dynamic_first_axis_is_generated_as_the_batch():
-    """Paddle2ONNX's images are [-1, 3, -1, -1]: the first -1 is the batch (2, or 1 on
-    fallback), the others take the size."""
+@pytest.mark.parametrize("first", [-1, "p2o.DynamicDimension.0"])
+def test_the_first_axis_keeps_size_8_on_fallback(first):
+    """Paddle2ONNX's images are [-1, 3, -1, -1] (or named so): the first axis is a batch by
+    another name and stays at 8 when the others go to 32 (a 3-D volume at 32 on every
+    axis would be 32 times larger)."""
     images = model("g (float[N, 3, H, W] x) => (float[N, 3, H, W] y) { y = Relu(x) }")
     for value in images.graph.inputs[:1] + images.graph.outputs[:1]:
-        value.shape = ir.Shape([-1, 3, -1, -1])
-    assert v.generate_inputs(images)["x"].shape == (2, 3, 8, 8)
-    assert v.generate_inputs(images, v.ValidationOptions(batch=1, size=64))["x"].shape \
-        == (1, 3, 64, 64)
+        value.shape = ir.Shape([first, 3, -1, -1])
+    assert v.generate_inputs(images)["x"].shape == (8, 3, 8, 8)
+    assert v.generate_inputs(images, v.ValidationOptions(size=32))["x"].shape == (8, 3, 32, 32)
 
 
 def test_a_model_failing_at_every_batch_names_the_batch_one_shapes():
-    """No batch or size helps (W must be 32): the error is the one at the given settings,
+    """No batch or size helps (W must be 40): the error is the one at the given settings,
     after every fallback was tried."""
-    needs_w = model("g (float[batch, W] x, float[32] c) => (float[batch, 32] y) "
+    needs_w = model("g (float[batch, W] x, float[40] c) => (float[batch, 40] y) "
                     "{ y = Add(x, c) }")
     progress: list[str] = []
     with pytest.raises(BadInputError, match=r"generated inputs: x \[2, 8\]"):
         v.run_reference(needs_w, progress=progress.append)
     tried = [p for p in progress if p.startswith("the input model fails")]
     assert tried == [f"the input model fails on generated inputs; trying {how}" for how in (
-        "batch-like dims at 1", "dynamic dims at 64",
-        "batch-like dims at 1 and other dynamic dims at 64")]
+        "batch-like dims at 1", "dynamic dims at 32",
+        "batch-like dims at 1 and other dynamic dims at 32")]
