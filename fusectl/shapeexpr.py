@@ -30,7 +30,14 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from .expr import NoMatch, _const_tensor, _shape_of_known_rank, is_value
+from .expr import (
+    NoMatch,
+    _const_tensor,
+    _shape_of_known_rank,
+    is_value,
+    symbolic_product,
+    symbolic_quotient,
+)
 
 MAX_SHAPE_NODES = 64
 """Nodes one target may be computed from: shape arithmetic is a handful of nodes per Reshape,
@@ -246,7 +253,7 @@ class _Evaluator:
         if op in _ELEMENTWISE:
             a, b = self._input(node, 0), self._input(node, 1)
             result = _elementwise(op, a, b)
-            return self._named_sums(a, b, result) if op == "Add" and self.names else result
+            return self._named_arithmetic(op, a, b, result) if self.names else result
         if op == "Equal":
             return _equal(self._input(node, 0), self._input(node, 1))
         if op == "Where":
@@ -256,20 +263,30 @@ class _Evaluator:
             raise NoMatch(f"{op} in the shape computation")
         return handler(node, self._input(node, 0))
 
-    def _named_sums(self, a: ShapeTensor, b: ShapeTensor, result: ShapeTensor) -> ShapeTensor:
-        """``result`` (an Add of ``a`` and ``b``) with each sum of two named dims named
-        (a mask over past + new tokens: ``past_sequence_length + sequence_length``)."""
-        if len(a.entries) != len(b.entries) or a.dtype not in _INT_RANGES:
+    def _named_arithmetic(self, op: str, a: ShapeTensor, b: ShapeTensor,
+                          result: ShapeTensor) -> ShapeTensor:
+        """``result`` (``op`` of ``a`` and ``b``) with the entries it left unknown named where
+        they are a sum of two named dims (a mask over past + new tokens:
+        ``past_sequence_length + sequence_length``), a product of named dims and positive
+        integers (BLOOM's ``batch_size * num_heads``: ``4*batch_size``), or such a product
+        divided exactly (``4*batch_size / 4`` is ``batch_size``)."""
+        if a.dtype not in _INT_RANGES or op == "Sub":
             return result
         entries = list(result.entries)
-        for index, (x, y) in enumerate(zip(a.entries, b.entries, strict=True)):
-            names = self._name(x), self._name(y)
-            if entries[index] is None and None not in names:
-                total = _named_sum(*names)
-                if total is not None:
-                    axis = self.axis_of_name.get(total)
-                    entries[index] = Dim(axis) if axis is not None else Named(total)
+        for index, (x, y) in enumerate(_broadcast_pairs(a, b)):
+            if entries[index] is not None:
+                continue
+            name = _combine(op, self._factor(x), self._factor(y))
+            if name is not None:
+                axis = self.axis_of_name.get(name)
+                entries[index] = Dim(axis) if axis is not None else Named(name)
         return ShapeTensor(tuple(entries), result.rank, result.dtype)
+
+    def _factor(self, entry: Entry) -> str | int | None:
+        """A named dim's name, a positive integer, else None."""
+        if isinstance(entry, int) and not isinstance(entry, bool):
+            return entry if entry >= 1 else None
+        return self._name(entry)
 
     def _name(self, entry: Entry) -> str | None:
         """The name of a named dim entry (one of the input's, by its axis), or None."""
@@ -316,9 +333,10 @@ class _Evaluator:
 
 
 def _concat_kept_dims(value: ir.Value, rank: int) -> tuple[int | str | None, ...]:
-    """The dims of a Concat's output along the axes it does not concatenate: those of its
-    first input whose shape is not only declared (a graph input's is checked at run time);
-    None elsewhere and for any other producer."""
+    """The dims of a Concat's output along the axes it does not concatenate, where all its
+    inputs agree on them (onnxruntime skips an empty input, an empty past of another batch,
+    so one input alone tells nothing); None elsewhere, for an input whose shape is unknown
+    or only declared (a graph output's), and for any other producer."""
     unknown: tuple[int | str | None, ...] = (None,) * rank
     node = value.producer()
     if node is None or node.op_type != "Concat" or node.domain not in _ONNX_DOMAINS:
@@ -326,13 +344,14 @@ def _concat_kept_dims(value: ir.Value, rank: int) -> tuple[int | str | None, ...
     axis = node.attributes.get("axis")
     if axis is None or not isinstance(axis.value, int) or not -rank <= axis.value < rank:
         return unknown
+    shapes = []
     for source in node.inputs:
         if source is None or source.shape is None or source.is_graph_output() \
                 or len(source.shape) != rank:
-            continue
-        kept = _shape_of_known_rank(source)
-        return tuple(None if i == axis.value % rank else d for i, d in enumerate(kept))
-    return unknown
+            return unknown
+        shapes.append(_shape_of_known_rank(source))
+    return tuple(None if i == axis.value % rank or len({s[i] for s in shapes}) != 1
+                 else shapes[0][i] for i in range(rank))
 
 
 
@@ -564,6 +583,21 @@ def _arithmetic(op: str, a: Entry, b: Entry, dtype: ir.DataType) -> Entry:
 
 SUM_TERMS = 8
 """Terms of a named sum at most (a mask over past + new tokens has two)."""
+
+
+def _combine(op: str, a: str | int | None, b: str | int | None) -> str | None:
+    """The name of ``a op b`` for named dims and positive integers (``_named_arithmetic``)."""
+    if a is None or b is None or isinstance(a, int) and isinstance(b, int):
+        return None
+    if op == "Add":
+        return _named_sum(a, b) if isinstance(a, str) and isinstance(b, str) else None
+    if op == "Mul":
+        product = symbolic_product([a, b])
+        return product if isinstance(product, str) else None
+    if op == "Div":
+        quotient = symbolic_quotient([a], [b])
+        return quotient if isinstance(quotient, str) else None
+    return None
 
 
 def _named_sum(a: str, b: str) -> str | None:

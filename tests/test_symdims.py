@@ -265,7 +265,8 @@ SUMS = """
     g (int64[batch,seq] ids, float[batch,4,past,8] pk, int64[batch,TOTAL] mask)
       => (int64[?] y)
     <int64 i0 = {{0}}, int64 i1 = {{1}}, int64 i2 = {{2}}, int64[1] a0 = {{0}},
-     int64[1] a1 = {{1}}, int64[1] two = {{2}}, int64[1] big = {{9223372036854775807}}>
+     int64[1] a1 = {{1}}, int64[1] two = {{2}}, int64[1] big = {{9223372036854775807}},
+     int64 four = {{4}}, int64 minus = {{-1}}, int64[1] m1 = {{-1}}, int64[1] d8 = {{8}}>
     {{
       si = Shape(ids)  b = Gather<axis=0>(si, i0)  s = Gather<axis=0>(si, i1)
       sp = Shape(pk)  p = Gather<axis=0>(sp, i2)  ub = Unsqueeze(b, a0)
@@ -295,8 +296,13 @@ def _sums(nodes: str) -> ir.Model:
     ("r = Slice(mask, us, big, a1)", ["batch", "past"]),
     ("t = Add(p, s)  u = Unsqueeze(t, a0)  c = Concat<axis=0>(ub, u)  e = Expand(mask, c)"
      "  r = Slice(e, up, big, a1)", ["batch", "seq"]),
+    # products and exact quotients: BLOOM folds the heads into the batch, [4*batch, L, 8]
+    ("t = Mul(b, four)  u = Unsqueeze(t, a0)  c = Concat<axis=0>(u, m1, d8)  r = Reshape(pk, c)",
+     ["4*batch", "past", 8]),
+    ("t = Mul(s, b)  r = Range(i0, t, i1)", ["batch*seq"]),
+    ("t = Mul(b, four)  q = Div(t, four)  r = Range(i0, q, i1)", ["batch"]),
 ])
-def test_a_sum_of_named_dims_is_named(nodes: str, expected: list) -> None:
+def test_sums_and_products_of_named_dims_are_named(nodes: str, expected: list) -> None:
     model = _sums(nodes)
     assert _dims(model, "r") != expected
     assert symdims.name_lost_dims(model)
@@ -304,14 +310,15 @@ def test_a_sum_of_named_dims_is_named(nodes: str, expected: list) -> None:
 
 
 @pytest.mark.parametrize("nodes", [
-    "t = Mul(p, s)  r = Range(i0, t, i1)",  # a product is spelled otherwise (and is no sum)
     "t = Sub(p, s)  r = Range(i0, t, i1)",
+    "t = Div(b, four)  r = Range(i0, t, i1)",  # batch / 4 truncates: no product of names
+    "t = Mul(b, minus)  r = Range(i0, t, i1)",  # -batch is no size
     "t = Add(p, two)  r = Range(i0, t, i1)",  # past + 2: no name of its own
     "r = Slice(mask, ub, big, a1)",  # batch is no term of past + seq
     "r = Slice(mask, up, us, a1)",  # from past to seq: not to the end
     "r = Slice(mask, up, big, a1, two)",  # every second one
 ])
-def test_what_is_no_sum_of_named_dims_stays_unknown(nodes: str) -> None:
+def test_what_is_no_sum_or_product_of_named_dims_stays_unknown(nodes: str) -> None:
     """The computed axis keeps no name (the others may: a Slice along axis 1 keeps the
     batch)."""
     model = _sums(nodes)
