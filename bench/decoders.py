@@ -94,7 +94,7 @@ class _WithCache:
                     flat += [present.layers[layer].keys, present.layers[layer].values]
                 return (out.logits, *flat)
 
-        return Wrapper()
+        return Wrapper().eval()
 
 
 def _inputs(config, past: int, seq: int, batch: int = 2):
