@@ -66,9 +66,10 @@ def test_a_decode_step_with_a_cache_becomes_one_attention(tmp_path, target: str)
     ops = Counter(n.op_type for n in result.model.graph)
     fused = "MultiHeadAttention" if target == "onnxruntime" else "Attention"
     assert ops[fused] == 1 and ops["Softmax"] == 0 and ops["Transpose"] == 0
-    if target == "onnxruntime":
-        # the op reads the past and writes the present itself
-        assert ops["Concat"] == 0
+    # the op reads the past and writes the present itself
+    assert ops["Concat"] == 0
+    attention = next(n for n in result.model.graph if n.op_type == fused)
+    assert [v.name for v in attention.outputs[1:3]] == ["present_k", "present_v"]
     # the cache stays what the next step reads
     outputs = [v.name for v in result.model.graph.outputs]
     assert outputs == ["y", "present_k", "present_v"]
