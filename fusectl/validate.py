@@ -538,16 +538,18 @@ def _tensor_signature(value: ir.Value) -> tuple[ir.DataType, ir.Shape]:
 
 
 def _resolve_dim(dim: int | ir.SymbolicDim, dims: Mapping[str, int], bound: Mapping[str, int],
-                 named: Collection[str] = (), batch: int = _DEFAULT_BATCH,
+                 named: Mapping[str, bool] | None = None, batch: int = _DEFAULT_BATCH,
                  size: int = _DEFAULT_DIM, leading: bool = False):
-    if leading:
-        size = _DEFAULT_DIM  # a batch by another name: [-1, 3, -1, -1] images
-    if isinstance(dim, int):
-        # -1 is how older exporters (Paddle2ONNX) spell a dynamic dim: an unnamed one.
-        return dim if dim >= 0 else size
-    name = dim.value
+    """The size to generate for one dim. ``named``: the inputs' dim names, each with whether
+    it leads an input (``_symbolic_names``); ``leading``: this dim, if unnamed, leads its
+    input. A leading dim is a batch by another name (``_leading_size``)."""
+    named = named or {}
+    if isinstance(dim, int) and dim >= 0:
+        return dim
+    # -1 is how older exporters (Paddle2ONNX) spell a dynamic dim: an unnamed one.
+    name = None if isinstance(dim, int) else dim.value
     if name is None:
-        return size
+        return _leading_size(batch, size) if leading else size
     if name in dims:
         return int(dims[name])
     if name in bound:
@@ -556,7 +558,17 @@ def _resolve_dim(dim: int | ir.SymbolicDim, dims: Mapping[str, int], bound: Mapp
         computed = _expression_dim(dim, dims, bound, named, batch, size)
         if computed is not None:
             return computed
-    return batch if _batch_like(name) else size
+    if _batch_like(name):
+        return batch
+    return _leading_size(batch, size) if named.get(name) else size
+
+
+def _leading_size(batch: int, size: int) -> int:
+    """The size of a dim that leads an input of rank 2 or more, a batch by another name
+    (Paddle2ONNX's ``[-1, 3, -1, -1]`` images, ``p2o.DynamicDimension.0``): 1 where
+    batch-like dims are 1, else at most 8 (the fallback to 32 would multiply the work of a
+    3-D volume by 4 more)."""
+    return 1 if batch == 1 else min(size, _DEFAULT_DIM)
 
 
 def _batch_like(name: str) -> bool:
@@ -564,10 +576,16 @@ def _batch_like(name: str) -> bool:
     return lowered in _BATCH_NAMES or "batch" in lowered
 
 
-def _symbolic_names(runtime: list[ir.Value]) -> dict[str, None]:
-    """The symbolic dim names the inputs use, in order (a dict as an ordered set)."""
-    return dict.fromkeys(d.value for v in runtime for d in v.shape or ()
-                         if isinstance(d, ir.SymbolicDim) and d.value is not None)
+def _symbolic_names(runtime: list[ir.Value]) -> dict[str, bool]:
+    """The symbolic dim names the inputs use, in order, each with whether it leads some
+    input of rank 2 or more (then it is sized as such everywhere: one name, one size)."""
+    names: dict[str, bool] = {}
+    for value in runtime:
+        shape = value.shape or ()
+        for axis, dim in enumerate(shape):
+            if isinstance(dim, ir.SymbolicDim) and dim.value is not None:
+                names[dim.value] = names.get(dim.value, False) or _leading(axis, shape)
+    return names
 
 
 def _bound_dims(runtime: list[ir.Value], arrays: Mapping[str, Any]) -> dict[str, int]:
@@ -593,13 +611,13 @@ def _generated_shapes(model: ir.Model, options: ValidationOptions
                  for v in runtime if v.name not in given and v.shape is not None)
 
 
-def _leading(axis: int, shape: ir.Shape) -> bool:
+def _leading(axis: int, shape: ir.Shape | tuple) -> bool:
     """Whether ``axis`` leads a tensor of rank 2 or more: a batch, by whatever name."""
     return axis == 0 and len(shape) >= 2
 
 
 def _expression_dim(dim: ir.SymbolicDim, dims: Mapping[str, int], bound: Mapping[str, int],
-                    named: Collection[str], batch: int, size: int) -> int | None:
+                    named: Mapping[str, bool], batch: int, size: int) -> int | None:
     """A dim spelled as an expression of dims that inputs name on their own (torch's
     ``s16 + s62``), each resolved as such; None for anything else (``seq-len`` is a name,
     not a difference) and for a result below 1."""
@@ -607,7 +625,7 @@ def _expression_dim(dim: ir.SymbolicDim, dims: Mapping[str, int], bound: Mapping
     if symbols is None:
         return None
     try:
-        value = dim.evaluate({s: _resolve_dim(ir.SymbolicDim(s), dims, bound, (), batch, size)
+        value = dim.evaluate({s: _resolve_dim(ir.SymbolicDim(s), dims, bound, named, batch, size)
                               for s in symbols})
     except Exception:  # noqa: BLE001 - an expression onnx-ir cannot evaluate
         return None

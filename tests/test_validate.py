@@ -996,6 +996,34 @@ def test_the_first_axis_keeps_size_8_on_fallback(first):
         value.shape = ir.Shape([first, 3, -1, -1])
     assert v.generate_inputs(images)["x"].shape == (8, 3, 8, 8)
     assert v.generate_inputs(images, v.ValidationOptions(size=32))["x"].shape == (8, 3, 32, 32)
+    # and where batch-like dims fall back to 1, so does it (an export that traced batch 1)
+    assert v.generate_inputs(images, v.ValidationOptions(batch=1))["x"].shape == (1, 3, 8, 8)
+
+
+def test_an_export_tracing_batch_one_behind_an_unnamed_leading_dim_runs_at_one():
+    traced = model("g (float[N, 3, H, W] x) => (float[3, H, W] y) "
+                   "<int64[1] a = {0}> { y = Squeeze(x, a) }")
+    traced.graph.inputs[0].shape = ir.Shape([-1, 3, -1, -1])
+    reference = v.run_reference(traced)
+    assert reference.input_shapes == {"x": (1, 3, 8, 8)}
+    assert "batch-like dims at 1" in reference.batch_note
+
+
+def test_a_name_that_leads_one_input_has_one_size_in_all():
+    """T leads x, so it is a batch by another name: 8 in m too, not 8 in x and 32 in m."""
+    two = model("g (float[T, 4] x, float[2, T] m) => (float[2, 4] y) { y = MatMul(m, x) }")
+    feeds = v.generate_inputs(two, v.ValidationOptions(size=32))
+    assert feeds["x"].shape == (8, 4) and feeds["m"].shape == (2, 8)
+
+
+def test_each_fallback_that_generates_the_same_inputs_is_skipped():
+    """No batch-like dim: batch 1 is the default again, and batch 1 with 32 is 32 again."""
+    needs_40 = model("g (float[W] x, float[40] c) => (float[40] y) { y = Add(x, c) }")
+    progress: list[str] = []
+    with pytest.raises(BadInputError, match="cannot run the input model"):
+        v.run_reference(needs_40, progress=progress.append)
+    assert [p for p in progress if "trying" in p] == [
+        "the input model fails on generated inputs; trying dynamic dims at 32"]
 
 
 def test_a_model_failing_at_every_batch_names_the_batch_one_shapes():
