@@ -3,4 +3,5 @@ where the script is not on PATH."""
 
 from .cli import entry
 
-entry()
+if __name__ == "__main__":
+    entry()

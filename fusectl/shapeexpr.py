@@ -270,7 +270,7 @@ class _Evaluator:
         ``past_sequence_length + sequence_length``), a product of named dims and positive
         integers (BLOOM's ``batch_size * num_heads``: ``4*batch_size``), or such a product
         divided exactly (``4*batch_size / 4`` is ``batch_size``)."""
-        if a.dtype not in _INT_RANGES or op == "Sub":
+        if a.dtype not in _INT_RANGES:
             return result
         entries = list(result.entries)
         for index, (x, y) in enumerate(_broadcast_pairs(a, b)):
@@ -352,7 +352,6 @@ def _concat_kept_dims(value: ir.Value, rank: int) -> tuple[int | str | None, ...
         shapes.append(_shape_of_known_rank(source))
     return tuple(None if i == axis.value % rank or len({s[i] for s in shapes}) != 1
                  else shapes[0][i] for i in range(rank))
-
 
 
 def _constant(tensor: ir.TensorProtocol) -> ShapeTensor:
@@ -587,7 +586,7 @@ SUM_TERMS = 8
 
 def _combine(op: str, a: str | int | None, b: str | int | None) -> str | None:
     """The name of ``a op b`` for named dims and positive integers (``_named_arithmetic``)."""
-    if a is None or b is None or isinstance(a, int) and isinstance(b, int):
+    if a is None or b is None or (isinstance(a, int) and isinstance(b, int)):
         return None
     if op == "Add":
         return _named_sum(a, b) if isinstance(a, str) and isinstance(b, str) else None

@@ -178,7 +178,7 @@ class ValidationOptions:
     """Batch-like dims not bound otherwise: 2, so a rewrite that mixes up the batch axis
     shows (at 1 it cannot); ``run_reference`` falls back to 1 for a model that fails at 2."""
     size: int = _DEFAULT_DIM
-    """Other dynamic dims not bound otherwise, but on the first axis: 8, small and fast;
+    """Other dynamic dims not bound otherwise, except on the first axis: 8, small and fast;
     ``run_reference`` falls back to 32 for a model that fails at 8 (a detector whose feature
     pyramid adds maps upsampled from 1/32 scale needs sizes divisible by 32). The first
     axis, a batch by another name (Paddle2ONNX's ``-1``), stays at 8."""
@@ -489,9 +489,10 @@ def generate_inputs(
             raise BadInputError(f"dim {dim_name}={dim_value!r}: expected a non-negative integer")
         if dim_value < 0:
             raise BadInputError(f"dim {dim_name}={dim_value}: expected a non-negative integer")
-    if isinstance(options.batch, bool) or not isinstance(options.batch, (int, np.integer)) \
-            or options.batch < 1:
-        raise BadInputError(f"batch {options.batch!r}: expected a positive integer")
+    for setting in ("batch", "size"):
+        number = getattr(options, setting)
+        if isinstance(number, bool) or not isinstance(number, (int, np.integer)) or number < 1:
+            raise BadInputError(f"{setting} {number!r}: expected a positive integer")
     for range_name, bounds in options.input_ranges.items():
         lo, hi = bounds
         if not lo <= hi:
@@ -509,8 +510,7 @@ def generate_inputs(
             result[name] = feeds[name]
             continue
         dtype, shape = _tensor_signature(value)
-        dims = tuple(_resolve_dim(d, options.dims, bound, named, options.batch, options.size,
-                                  _leading(axis, shape)) for axis, d in enumerate(shape))
+        dims = _input_dims(shape, options, bound, named)
         result[name] = np.asarray(_generate(
             value, dtype, dims, rng, options.input_ranges.get(name), float_range or (-1.0, 1.0)
         ))
@@ -606,9 +606,15 @@ def _generated_shapes(model: ir.Model, options: ValidationOptions
     runtime = _runtime_inputs(model)
     given = _given_inputs(runtime, options)
     bound, named = _bound_dims(runtime, given), _symbolic_names(runtime)
-    return tuple(tuple(_resolve_dim(d, options.dims, bound, named, options.batch, options.size,
-                                    _leading(axis, v.shape)) for axis, d in enumerate(v.shape))
+    return tuple(_input_dims(v.shape, options, bound, named)
                  for v in runtime if v.name not in given and v.shape is not None)
+
+
+def _input_dims(shape: ir.Shape, options: ValidationOptions, bound: Mapping[str, int],
+                named: Mapping[str, bool]) -> tuple[int, ...]:
+    """The sizes generated for one input's dims."""
+    return tuple(_resolve_dim(d, options.dims, bound, named, options.batch, options.size,
+                              _leading(axis, shape)) for axis, d in enumerate(shape))
 
 
 def _leading(axis: int, shape: ir.Shape | tuple) -> bool:
@@ -1469,7 +1475,7 @@ def _distinct_fallbacks(reference: ModelSource, options: ValidationOptions
     model = _load_for_inputs(reference)
     tried = [_generated_shapes(model, options)]
     distinct = []
-    for attempt in _fallbacks(options)[1:]:
+    for attempt in _fallbacks(options):
         shapes = _generated_shapes(model, attempt)
         if shapes not in tried:
             tried.append(shapes)
@@ -1478,15 +1484,10 @@ def _distinct_fallbacks(reference: ModelSource, options: ValidationOptions
 
 
 def _fallbacks(options: ValidationOptions) -> list[ValidationOptions]:
-    """The generated-input settings to try in turn: the given ones, then batch-like dims
-    at 1, other dynamic dims at 32, both (each only if it differs from the given one)."""
-    attempts = [options]
-    for batch, size in ((_FALLBACK_BATCH, options.size), (options.batch, _FALLBACK_DIM),
-                        (_FALLBACK_BATCH, _FALLBACK_DIM)):
-        attempt = replace(options, batch=min(batch, options.batch), size=max(size, options.size))
-        if all(attempt != other for other in attempts):
-            attempts.append(attempt)
-    return attempts
+    """The generated-input settings to try after ``options``: batch-like dims at 1, other
+    dynamic dims at 32, both (``_distinct_fallbacks`` drops those that repeat inputs)."""
+    return [replace(options, batch=_FALLBACK_BATCH), replace(options, size=_FALLBACK_DIM),
+            replace(options, batch=_FALLBACK_BATCH, size=_FALLBACK_DIM)]
 
 
 def _generated_at(options: ValidationOptions, other: ValidationOptions) -> str:

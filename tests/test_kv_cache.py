@@ -9,7 +9,7 @@ from collections import Counter
 
 import onnx
 import pytest
-from values import parse_with_weights
+from values import parse_with_weights, rename_dim
 
 import fusectl
 
@@ -188,12 +188,8 @@ def test_a_dynamic_decode_step_with_optimums_names_becomes_one_attention(
         tmp_path, order: tuple[str, str]) -> None:
     """Either order of the Add names the sum as the inputs declare it: the expanded mask
     is then as long as the keys, and the attention fuses with the cache."""
-    proto = parse_with_weights(DYNAMIC_STEP.format(cached=CACHED_HEADS, first=order[0],
-                                                   second=order[1]))
-    for value in [*proto.graph.input, *proto.graph.output]:
-        for dim in value.type.tensor_type.shape.dim:
-            if dim.dim_param == "TOTAL":
-                dim.dim_param = "past + seq"
+    proto = rename_dim(parse_with_weights(DYNAMIC_STEP.format(
+        cached=CACHED_HEADS, first=order[0], second=order[1])), "TOTAL", "past + seq")
     path = tmp_path / "dynamic.onnx"
     onnx.save(proto, path)
     result = fusectl.optimize(str(path), target="onnxruntime")

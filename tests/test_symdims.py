@@ -9,7 +9,7 @@ import onnx.numpy_helper
 import onnx.parser
 import onnx_ir as ir
 import pytest
-from values import parse_with_weights
+from values import parse_with_weights, rename_dim
 
 from fusectl import symdims
 from fusectl.modelio import from_proto
@@ -279,11 +279,7 @@ SUMS = """
 
 def _sums(nodes: str) -> ir.Model:
     proto = onnx.parser.parse_model(SUMS.format(nodes=nodes))
-    for value in proto.graph.input:
-        for dim in value.type.tensor_type.shape.dim:
-            if dim.dim_param == "TOTAL":
-                dim.dim_param = "past + seq"
-    return from_proto(proto)
+    return from_proto(rename_dim(proto, "TOTAL", "past + seq"))
 
 
 @pytest.mark.parametrize(("nodes", "expected"), [

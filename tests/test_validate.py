@@ -960,6 +960,12 @@ def test_a_batch_below_one_is_refused(batch):
         v.generate_inputs(traced_batch_one(), v.ValidationOptions(batch=batch))
 
 
+@pytest.mark.parametrize("size", [0, -1, True])
+def test_a_size_below_one_is_refused(size):
+    with pytest.raises(BadInputError, match="size .*expected a positive integer"):
+        v.generate_inputs(traced_batch_one(), v.ValidationOptions(size=size))
+
+
 def test_a_model_failing_at_size_8_is_validated_at_32():
     """A detector whose feature pyramid needs sizes divisible by 32 fails at the default 8;
     at 32 it runs, with a note, and the candidate is compared on the same inputs."""
@@ -989,8 +995,8 @@ def test_a_model_failing_at_size_8_is_validated_at_32():
 @pytest.mark.parametrize("first", [-1, "p2o.DynamicDimension.0"])
 def test_the_first_axis_keeps_size_8_on_fallback(first):
     """Paddle2ONNX's images are [-1, 3, -1, -1] (or named so): the first axis is a batch by
-    another name and stays at 8 when the others go to 32 (a 3-D volume at 32 on every
-    axis would be 32 times larger)."""
+    another name and stays at 8 when the others go to 32 (at 32 too, a 3-D volume's work
+    would grow 4 times more)."""
     images = model("g (float[N, 3, H, W] x) => (float[N, 3, H, W] y) { y = Relu(x) }")
     for value in images.graph.inputs[:1] + images.graph.outputs[:1]:
         value.shape = ir.Shape([first, 3, -1, -1])

@@ -51,3 +51,14 @@ def parse_with_weights(text: str, fixed: dict[str, np.ndarray] | None = None,
                                 else rng.normal(0, scale, dims).astype(np.float32), name)
         for name, _, dims in declared)
     return model
+
+
+def rename_dim(model: Any, old: str, new: str) -> Any:
+    """``model`` (a ModelProto) with the dim ``old`` of its inputs and outputs renamed
+    ``new``: onnx's text format spells dims as identifiers, exporters also as sums
+    (optimum's ``past_sequence_length + sequence_length``)."""
+    for value in [*model.graph.input, *model.graph.output]:
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.dim_param == old:
+                dim.dim_param = new
+    return model
