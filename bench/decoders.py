@@ -69,32 +69,30 @@ def _model(name: str):
     return transformers.AutoModelForCausalLM.from_config(config).eval(), config
 
 
-class _WithCache:
+def _with_cache(model, layers: int):
     """A module taking the cache as flat tensors (what both exporters can trace) and
     returning the logits and the present as flat tensors."""
+    import torch
+    from transformers import DynamicCache
 
-    def __new__(cls, model, layers: int):
-        import torch
-        from transformers import DynamicCache
+    class Wrapper(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
 
-        class Wrapper(torch.nn.Module):
-            def __init__(self) -> None:
-                super().__init__()
-                self.model = model
+        def forward(self, input_ids, attention_mask, *past):
+            cache = DynamicCache(config=model.config)
+            for layer in range(len(past) // 2):
+                cache.update(past[2 * layer], past[2 * layer + 1], layer)
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask,
+                             past_key_values=cache, use_cache=True)
+            present = out.past_key_values
+            flat = []
+            for layer in range(layers):
+                flat += [present.layers[layer].keys, present.layers[layer].values]
+            return (out.logits, *flat)
 
-            def forward(self, input_ids, attention_mask, *past):
-                cache = DynamicCache(config=model.config)
-                for layer in range(len(past) // 2):
-                    cache.update(past[2 * layer], past[2 * layer + 1], layer)
-                out = self.model(input_ids=input_ids, attention_mask=attention_mask,
-                                 past_key_values=cache, use_cache=True)
-                present = out.past_key_values
-                flat = []
-                for layer in range(layers):
-                    flat += [present.layers[layer].keys, present.layers[layer].values]
-                return (out.logits, *flat)
-
-        return Wrapper().eval()
+    return Wrapper().eval()
 
 
 def _inputs(config, past: int, seq: int, batch: int = 2):
@@ -151,7 +149,7 @@ def _export(module, args, path: Path, names: list[str], outputs: list[str], dyna
                               input_names=names, output_names=outputs, **kwargs)
 
 
-def build(out: Path, models: list[str], dynamic: bool) -> int:
+def build(out: Path, models: list[str], dynamic: bool, debug: bool = False) -> int:
     """Export every requested model; returns how many exports failed."""
     out.mkdir(parents=True, exist_ok=True)
     failed = 0
@@ -161,7 +159,7 @@ def build(out: Path, models: list[str], dynamic: bool) -> int:
         if dynamic:
             steps.append((8, 4, "dyn"))
         for past, seq, tag in steps:
-            module = _WithCache(model, LAYERS)
+            module = _with_cache(model, LAYERS)
             args = _inputs(config, past, seq)
             names, outputs = _names(past)
             for exporter, dynamo in (("ts", False), ("dynamo", True)):
@@ -176,7 +174,7 @@ def build(out: Path, models: list[str], dynamic: bool) -> int:
                     path.unlink(missing_ok=True)
                     line = f"{type(e).__name__}: {e}".splitlines()[0][:200]
                     print(f"  {path.name}: FAILED {line}")
-                    if "--debug" in sys.argv:
+                    if debug:
                         traceback.print_exc()
     return failed
 
@@ -195,7 +193,7 @@ def main() -> int:
     except ImportError as e:
         print(f"{e.name} is missing: pip install torch==2.13.0 transformers", file=sys.stderr)
         return 2
-    failed = build(args.out, args.models, args.dynamic)
+    failed = build(args.out, args.models, args.dynamic, args.debug)
     return 1 if failed else 0
 
 

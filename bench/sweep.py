@@ -8,7 +8,8 @@ Run by hand before and after a rule change, and compare::
 Each model runs in its own process (the CLI, as users run it, with validation unless
 ``--no-validate`` is among the ARGS), two at a time. A line of the TSV: model, exit code,
 nodes before, nodes after, then the counts of the ops that show what did not fuse
-(Softmax, Transpose, Concat, Reshape), then the first line of stderr for a non-zero exit.
+(Softmax, Transpose, Concat, Reshape), then the last line of stderr for a non-zero exit.
+Models are named by their path under MODELS_DIR.
 ``--compare`` prints only the models whose line changed. Folders are searched recursively;
 ``*.opt.onnx`` files are skipped.
 """
@@ -35,8 +36,8 @@ def _ops(path: Path) -> Counter:
     return Counter(node.op_type for node in model.graph.node)
 
 
-def run_one(model: Path, args: list[str]) -> list[str]:
-    """One TSV row for ``model``."""
+def run_one(model: Path, folder: Path, args: list[str]) -> list[str]:
+    """One TSV row for ``model``, named by its path under ``folder``."""
     with tempfile.TemporaryDirectory() as tmp:
         out, report = Path(tmp) / "out.onnx", Path(tmp) / "report.json"
         command = [sys.executable, "-m", "fusectl", "optimize", str(model), "-o", str(out),
@@ -48,7 +49,8 @@ def run_one(model: Path, args: list[str]) -> list[str]:
             code, error = "timeout", f"over {TIMEOUT} s"
         before = sum(_ops(model).values())
         after = _ops(out) if out.exists() else Counter()
-        row = [model.name, str(code), str(before), str(sum(after.values()) if after else "-")]
+        row = [str(model.relative_to(folder)), str(code), str(before),
+               str(sum(after.values()) if after else "-")]
         row += [str(after[op]) if after else "-" for op in WATCHED]
         if report.exists() and code != 0:
             error = json.loads(report.read_text()).get("status", error)
@@ -69,7 +71,7 @@ def main() -> int:
     models = sorted(p for p in options.folder.rglob("*.onnx") if not p.name.endswith(".opt.onnx"))
     args = ["--target", options.target, *options.args]
     with ThreadPoolExecutor(options.jobs) as pool:
-        rows = list(pool.map(lambda m: run_one(m, args), models))
+        rows = list(pool.map(lambda m: run_one(m, options.folder, args), models))
     header = ["model", "exit", "before", "after", *WATCHED]
     options.out.write_text("\n".join("\t".join(r) for r in [header, *rows]) + "\n")
     failed = [r for r in rows if r[1] != "0"]
