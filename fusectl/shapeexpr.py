@@ -604,10 +604,17 @@ def _named_sum(a: str, b: str) -> str | None:
     sequence_length``, torch's ``s16 + s62``): identifiers in sorted order, joined by
     `` + ``, so the same sum computed either way round has one name. None when a term is
     not an identifier (a product, a minted symbol's expression)."""
-    terms = sorted(a.split(" + ") + b.split(" + "))
-    if len(terms) > SUM_TERMS or not all(t.isidentifier() for t in terms):
+    first, second = sum_terms(a), sum_terms(b)
+    if first is None or second is None or len(first) + len(second) > SUM_TERMS:
         return None
-    return " + ".join(terms)
+    return " + ".join(sorted(first + second))
+
+
+def sum_terms(name: str) -> list[str] | None:
+    """The terms of a dim named as a sum (``_named_sum``'s spelling; a plain name is one
+    term), or None when a term is not an identifier."""
+    terms = name.split(" + ")
+    return terms if all(t.isidentifier() for t in terms) else None
 
 
 def _broadcast_pairs(*tensors: ShapeTensor) -> list[tuple[Entry, ...]]:

@@ -37,6 +37,7 @@ from .shapeexpr import (
     is_minted,
     mentions_stand_in,
     shape_entries,
+    sum_terms,
 )
 from .shapes import _plain_dim, try_infer_model_shapes
 
@@ -314,8 +315,8 @@ def _sum_after(size: int | str | None, start: int | str | None, end: Entry) -> s
     to_end = isinstance(end, int) and not isinstance(end, bool) and end >= SLICE_TO_END
     if not isinstance(size, str) or not isinstance(start, str) or not to_end:
         return None
-    terms, skipped = size.split(" + "), start.split(" + ")
-    if not all(t.isidentifier() for t in terms + skipped):
+    terms, skipped = sum_terms(size), sum_terms(start)
+    if terms is None or skipped is None:
         return None
     for term in skipped:
         if term not in terms:

@@ -1451,16 +1451,14 @@ def run_reference(
         return _run_reference(reference, options, notify)
     except _ReferenceFailure as failure:
         first = failure
-    if not first.retry:
-        raise first.error from None
-    for attempt in _distinct_fallbacks(reference, options):
+    for attempt in first.fallbacks:
         notify(f"the input model fails on generated inputs; trying "
                f"{_generated_at(attempt, options)}")
         try:
             run = _run_reference(reference, attempt, notify)
         except _ReferenceFailure as failure:
-            if not failure.retry:
-                break
+            if not failure.fallbacks:
+                break  # no other inputs help (the session cannot be created)
             continue
         note = (f"inputs generated with {_generated_at(attempt, options)}: the input model "
                 f"fails with {_generated_at(options, attempt)} ({first.error})")
@@ -1469,10 +1467,9 @@ def run_reference(
     raise first.error from None
 
 
-def _distinct_fallbacks(reference: ModelSource, options: ValidationOptions
+def _distinct_fallbacks(model: ir.Model, options: ValidationOptions
                         ) -> list[ValidationOptions]:
     """The fallbacks that generate other inputs than ``options`` and each other."""
-    model = _load_for_inputs(reference)
     tried = [_generated_shapes(model, options)]
     distinct = []
     for attempt in _fallbacks(options):
@@ -1499,12 +1496,12 @@ def _generated_at(options: ValidationOptions, other: ValidationOptions) -> str:
 
 
 class _ReferenceFailure(Exception):
-    """onnxruntime could not run the reference on generated inputs; ``retry``: other
-    generated inputs may let it run (it failed running, not creating the session)."""
+    """onnxruntime could not run the reference on generated inputs; ``fallbacks``: the
+    settings whose other inputs may let it run (none when the session cannot be created)."""
 
-    def __init__(self, error: BadInputError, retry: bool) -> None:
+    def __init__(self, error: BadInputError, fallbacks: list[ValidationOptions]) -> None:
         super().__init__(str(error))
-        self.error, self.retry = error, retry
+        self.error, self.fallbacks = error, fallbacks
 
 
 def _run_reference(reference: ModelSource, options: ValidationOptions,
@@ -1528,6 +1525,7 @@ def _run_reference(reference: ModelSource, options: ValidationOptions,
             range_sample = len(feed_sets)
             feed_sets.append(feeds)
     dynamic = _dynamic_generated_inputs(reference_ir, options)
+    fallbacks = _distinct_fallbacks(reference_ir, options)  # shapes only: cheap, loaded once
     del reference_ir
     input_shapes = {k: tuple(int(d) for d in np.shape(v)) for k, v in feed_sets[0].items()}
     try:
@@ -1538,7 +1536,7 @@ def _run_reference(reference: ModelSource, options: ValidationOptions,
         raise _ReferenceFailure(BadInputError(
             f"onnxruntime cannot run the input model: {_first_line(e.message)}"
             f"{_generated_hint(dynamic, input_shapes)}"
-        ), e.stage != "session creation") from None
+        ), fallbacks if e.stage != "session creation" else []) from None
     if options.inputs:
         _check_not_vacuous(runs[0][0])
     unstable = []
