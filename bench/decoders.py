@@ -9,6 +9,9 @@ exporters in three steps, named ``NAME.EXPORTER.pPAST.sSEQ.onnx``:
 * ``p8.s1``: a decode step, eight cached tokens and one new one;
 * ``p8.s4``: a chunked prefill, eight cached tokens and four new ones.
 
+``--half`` exports the model in float16 (weights, cache and computation), as deployments on
+GPUs ship them; the files are then named ``NAME.EXPORTER.TAG.fp16.onnx``.
+
 ``--dynamic`` exports one more model per architecture, ``NAME.ts.dyn.onnx``, with batch,
 sequence and past length as symbolic dims and optimum's names (``past_sequence_length +
 sequence_length`` for the mask and the present). TorchScript only: torch.export's derived
@@ -95,7 +98,7 @@ def _with_cache(model, layers: int):
     return Wrapper().eval()
 
 
-def _inputs(config, past: int, seq: int, batch: int = 2):
+def _inputs(config, past: int, seq: int, batch: int = 2, half: bool = False):
     import torch
 
     heads = config.num_attention_heads
@@ -108,6 +111,8 @@ def _inputs(config, past: int, seq: int, batch: int = 2):
     for _ in range(LAYERS if past else 0):
         cache += [torch.randn(batch, kv_heads, past, head_dim, generator=generator)
                   for _ in range(2)]
+    if half:
+        cache = [c.half() for c in cache]
     return (ids, mask, *cache)
 
 
@@ -149,23 +154,27 @@ def _export(module, args, path: Path, names: list[str], outputs: list[str], dyna
                               input_names=names, output_names=outputs, **kwargs)
 
 
-def build(out: Path, models: list[str], dynamic: bool, debug: bool = False) -> int:
+def build(out: Path, models: list[str], dynamic: bool, debug: bool = False,
+          half: bool = False) -> int:
     """Export every requested model; returns how many exports failed."""
     out.mkdir(parents=True, exist_ok=True)
     failed = 0
+    suffix = ".fp16" if half else ""
     for name in models:
         model, config = _model(name)
+        if half:
+            model = model.half()
         steps = [(p, s, f"p{p}.s{s}") for p, s in STEPS]
         if dynamic:
             steps.append((8, 4, "dyn"))
         for past, seq, tag in steps:
             module = _with_cache(model, LAYERS)
-            args = _inputs(config, past, seq)
+            args = _inputs(config, past, seq, half=half)
             names, outputs = _names(past)
             for exporter, dynamo in (("ts", False), ("dynamo", True)):
                 if dynamo and tag == "dyn":
                     continue  # see the module docstring
-                path = out / f"{name}.{exporter}.{tag}.onnx"
+                path = out / f"{name}.{exporter}.{tag}{suffix}.onnx"
                 try:
                     _export(module, args, path, names, outputs, dynamo, tag == "dyn")
                     print(f"  {path.name}")
@@ -185,6 +194,7 @@ def main() -> int:
     parser.add_argument("--models", nargs="+", choices=sorted(CONFIGS), default=sorted(CONFIGS))
     parser.add_argument("--dynamic", action="store_true",
                         help="also export with symbolic batch, sequence and past length")
+    parser.add_argument("--half", action="store_true", help="export in float16")
     parser.add_argument("--debug", action="store_true", help="print tracebacks of failures")
     args = parser.parse_args()
     try:
@@ -193,7 +203,7 @@ def main() -> int:
     except ImportError as e:
         print(f"{e.name} is missing: pip install torch==2.13.0 transformers", file=sys.stderr)
         return 2
-    failed = build(args.out, args.models, args.dynamic, args.debug)
+    failed = build(args.out, args.models, args.dynamic, args.debug, args.half)
     return 1 if failed else 0
 
 

@@ -5,7 +5,8 @@ Run ``python bench/encoders.py [--out DIR] [--models bert vit]`` (needs torch 2.
 random weights from a fixed seed). Each architecture is exported by the TorchScript exporter
 (opset 17) with optimum's dim names (``batch_size``, ``sequence_length``; images have a
 dynamic batch only), as ``NAME.dyn.onnx``, and by the dynamo exporter with fixed shapes, as
-``NAME.dynamo.onnx``. Text models read ``input_ids`` and ``attention_mask`` [2, 16]; vision
+``NAME.dynamo.onnx``; ``--half`` exports them in float16 instead, as ``NAME.dyn.fp16.onnx``
+and ``NAME.dynamo.fp16.onnx``. Text models read ``input_ids`` and ``attention_mask`` [2, 16]; vision
 models ``pixel_values`` [2, 3, 64, 64].
 
 A sweep corpus for ``bench/sweep.py``, run by hand, never in CI. A failed export prints its
@@ -86,14 +87,18 @@ def _first_output(model, kind: str):
     return Wrapper().eval()
 
 
-def _export(name: str, out: Path) -> list[str]:
+def _export(name: str, out: Path, half: bool = False) -> list[str]:
     import torch
 
     model, kind = _model(name)
+    if half:
+        model = model.half()
     module = _first_output(model, kind)
     generator = torch.Generator().manual_seed(SEED)
+    suffix = ".fp16" if half else ""
     if kind == "vision":
-        args = (torch.randn(2, 3, 64, 64, generator=generator),)
+        pixels = torch.randn(2, 3, 64, 64, generator=generator)
+        args = (pixels.half() if half else pixels,)
         names = ["pixel_values"]
         # a dynamic batch only: position embeddings and Swin's windows fix the image size
         axes = {"pixel_values": {0: "batch_size"}, "output": {0: "batch_size"}}
@@ -107,11 +112,11 @@ def _export(name: str, out: Path) -> list[str]:
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
-        path = out / f"{name}.dyn.onnx"
+        path = out / f"{name}.dyn{suffix}.onnx"
         torch.onnx.export(module, args, str(path), dynamo=False, opset_version=17,
                           input_names=names, output_names=["output"], dynamic_axes=axes)
         written.append(path.name)
-        path = out / f"{name}.dynamo.onnx"
+        path = out / f"{name}.dynamo{suffix}.onnx"
         program = torch.onnx.export(module, args, dynamo=True, input_names=names,
                                     output_names=["output"], verbose=False)
         program.save(str(path), external_data=False)
@@ -123,6 +128,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=HERE / ".models" / "encoders")
     parser.add_argument("--models", nargs="+", choices=sorted(CONFIGS), default=sorted(CONFIGS))
+    parser.add_argument("--half", action="store_true", help="export in float16")
     args = parser.parse_args()
     try:
         import torch  # noqa: F401
@@ -134,7 +140,7 @@ def main() -> int:
     failed = 0
     for name in args.models:
         try:
-            for written in _export(name, args.out):
+            for written in _export(name, args.out, args.half):
                 print(f"  {written}")
         except Exception as e:  # noqa: BLE001 - reported, the corpus goes on
             failed += 1

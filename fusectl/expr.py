@@ -103,11 +103,14 @@ def _low_precision(dtype: np.dtype) -> bool:
 _DTYPE_NAMES: dict[ir.DataType, str] = {}
 
 
-def _dtype_name(dtype: ir.DataType) -> str:
+def _onnx_dtype_name(dtype: ir.DataType) -> str:
     """The numpy name of an ONNX dtype, cached (numpy computes dtype names in Python)."""
     name = _DTYPE_NAMES.get(dtype)
     if name is None:
-        name = dtype.numpy().name if dtype != ir.DataType.BFLOAT16 else "bfloat16"
+        try:
+            name = np.dtype(dtype.numpy()).name if dtype != ir.DataType.BFLOAT16 else "bfloat16"
+        except TypeError:
+            raise NoMatch(f"dtype {dtype.name} has no numpy equivalent") from None
         _DTYPE_NAMES[dtype] = name
     return name
 
@@ -140,7 +143,7 @@ def _dtype_of(value: Any) -> str:
         dtype = tensor.dtype if tensor is not None else value.dtype
         if dtype is None:
             raise NoMatch(f"dtype of {value.name} is unknown")
-        return _dtype_name(dtype)
+        return _onnx_dtype_name(dtype)
     return np.asarray(value).dtype.name
 
 
@@ -1057,12 +1060,7 @@ def _dtype_name(value: Any) -> str:
             dtype = ir.DataType(int(value))
         except ValueError:
             raise NoMatch(f"{value} is not an ONNX dtype code") from None
-        if dtype == ir.DataType.BFLOAT16:
-            return "bfloat16"
-        try:
-            return np.dtype(dtype.numpy()).name
-        except TypeError:
-            raise NoMatch(f"dtype {dtype.name} has no numpy equivalent") from None
+        return _onnx_dtype_name(dtype)
     if is_value(value):
         return _dtype_of(value)
     raise NoMatch("expected a dtype name, an ONNX dtype code or a value")
@@ -1488,6 +1486,37 @@ def _fn_fits_dtype(value: Any, like: Any) -> bool:
     return False
 
 
+def _fn_values_fit_exactly(value: Any, like: Any) -> bool:
+    """Whether every element of a constant is exactly representable in ``like``'s dtype (a
+    value, a dtype name or an ONNX code): a float32 norm scale of ones, or of weights cast up
+    from float16, moves onto the float16 tensor without rounding. float and integer dtypes
+    with a numpy equivalent only (bfloat16 has none here)."""
+    target = np.dtype(_numpy_dtype(_dtype_name(like)))
+    array = np.asarray(to_array(value))
+    if array.size > MAX_ELEMENTS:
+        raise NoMatch("values_fit_exactly() of a huge constant")
+    if array.dtype.kind not in "biuf":
+        return False
+    with np.errstate(all="ignore"):
+        return bool(np.array_equal(array.astype(target).astype(array.dtype), array))
+
+
+def _fn_cast_like(value: Any, like: Any) -> np.ndarray:
+    """A constant cast to ``like``'s dtype (a value, a dtype name or an ONNX code). The
+    result keeps that dtype, whatever the expression reads first (see ``_typed``)."""
+    array = np.asarray(to_array(value))
+    if array.size > MAX_ELEMENTS:
+        raise NoMatch("cast_like() of a huge constant")
+    return array.astype(_numpy_dtype(_dtype_name(like)))
+
+
+def _numpy_dtype(name: str) -> np.dtype:
+    try:
+        return np.dtype(name)
+    except TypeError:
+        raise NoMatch(f"dtype {name} has no numpy equivalent") from None
+
+
 def _fn_num_outputs(value: Any) -> int:
     """How many outputs the node that produced a matched value has (an output with an
     empty name is absent). A pattern statement with one output also matches a node with
@@ -1673,6 +1702,8 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     "feeds_heads": _fn_feeds_heads,
     "transpose_ahead": _fn_transpose_ahead,
     "fits_dtype": _fn_fits_dtype,
+    "values_fit_exactly": _fn_values_fit_exactly,
+    "cast_like": _fn_cast_like,
     "num_outputs": _fn_num_outputs,
     "broadcasts_into": _fn_broadcasts_into,
     "producer_op": _fn_producer_op,
@@ -1686,7 +1717,7 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
 }
 """Every function an expression may call. Casts mark their result as explicitly typed."""
 
-EXPLICIT_DTYPE_FUNCTIONS = frozenset({"int64", "int32", "float32"})
+EXPLICIT_DTYPE_FUNCTIONS = frozenset({"int64", "int32", "float32", "cast_like"})
 
 CONSTANT_NAMES: dict[str, Any] = {"pi": math.pi, "e": math.e, "True": True, "False": False}
 
@@ -1742,6 +1773,17 @@ _ALLOWED_NODES = (
 # --------------------------------------------------------------------------- parsing
 
 
+def _fixes_dtype(node: ast.expr) -> bool:
+    """A call of a dtype-fixing function, or a conditional whose branches are such calls
+    or None."""
+    if isinstance(node, ast.IfExp):
+        branches = [b for b in (node.body, node.orelse)
+                    if not (isinstance(b, ast.Constant) and b.value is None)]
+        return bool(branches) and all(_fixes_dtype(b) for b in branches)
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+            and node.func.id in EXPLICIT_DTYPE_FUNCTIONS)
+
+
 @dataclass(frozen=True)
 class Expression:
     """A checked expression: its source, the names it reads and its AST.
@@ -1772,13 +1814,9 @@ class Expression:
 
     @property
     def explicit_dtype(self) -> bool:
-        """Whether the outermost call fixes the dtype itself (e.g. ``int64(...)``)."""
-        body = self.tree.body
-        return (
-            isinstance(body, ast.Call)
-            and isinstance(body.func, ast.Name)
-            and body.func.id in EXPLICIT_DTYPE_FUNCTIONS
-        )
+        """Whether the outermost call fixes the dtype itself (e.g. ``int64(...)``), also in
+        both branches of a conditional (``None if b is None else cast_like(b, x)``)."""
+        return _fixes_dtype(self.tree.body)
 
     def names_in_order(self) -> list[str]:
         """The names the expression reads, in reading (depth-first) order."""

@@ -1,6 +1,6 @@
 """Tests for the expression functions of the cleanup and elementwise rules
 (rules/05-cleanup.yaml, rules/45-elementwise.yaml): is_graph_output, casts_exactly,
-broadcast_shape, slice_is_full, fits_dtype and num_outputs."""
+broadcast_shape, slice_is_full, fits_dtype, values_fit_exactly, cast_like and num_outputs."""
 
 from __future__ import annotations
 
@@ -263,6 +263,38 @@ def test_fits_dtype() -> None:
     b = _const("b", np.array([300.0], np.float16))
     assert ev("fits_dtype(a * b, x)", a=a, b=b, x=x16) is False
     assert ev("fits_dtype(a / b, x)", a=a, b=b, x=x16) is True
+
+
+# --------------------------------------------------------- values_fit_exactly, cast_like
+
+
+def test_values_fit_exactly() -> None:
+    x16 = _dynamic("x", [2], ir.DataType.FLOAT16)
+    assert F["values_fit_exactly"](np.array([1.0, 0.5, 3.0, -2048.0], np.float32), x16) is True
+    assert F["values_fit_exactly"](np.array([1.0, 0.1], np.float32), x16) is False  # rounds
+    assert F["values_fit_exactly"](np.array([1e6], np.float32), x16) is False  # overflows
+    assert F["values_fit_exactly"](np.array([1e-8], np.float32), x16) is False  # flushes
+    assert F["values_fit_exactly"](np.array([2049.0], np.float32), "float16") is False
+    assert F["values_fit_exactly"](np.array([0.1], np.float32), "float64") is True
+    assert F["values_fit_exactly"](np.array([127, -128]), "int8") is True
+    assert F["values_fit_exactly"](np.array([128]), "int8") is False
+    assert F["values_fit_exactly"](np.array([1.5]), "int32") is False
+    s = _const("s", np.array([0.75, 1.25], np.float32))
+    assert ev("values_fit_exactly(s, x)", s=s, x=x16) is True
+
+
+def test_cast_like_fixes_the_dtype_of_a_let_array() -> None:
+    x16 = _dynamic("x", [2], ir.DataType.FLOAT16)
+    s = _const("s", np.array([0.75, 1.25], np.float32))
+    out = F["cast_like"](s, x16)
+    assert out.dtype == np.float16 and out.tolist() == [0.75, 1.25]
+    assert F["cast_like"](np.array([2.5]), 7).dtype == np.int64  # an ONNX dtype code
+    # a let reading the float32 scale first would be typed float32 (compile._typed): the
+    # explicit cast, also inside a conditional, keeps float16
+    assert parse("cast_like(s, x)", {"s", "x"}).explicit_dtype
+    assert parse("None if s is None else cast_like(s, x)", {"s", "x"}).explicit_dtype
+    assert not parse("None if s is None else s", {"s"}).explicit_dtype
+    assert not parse("cast_like(s, x) * 2", {"s", "x"}).explicit_dtype
 
 
 # ------------------------------------------------------------------------ num_outputs
