@@ -1489,8 +1489,8 @@ def _fn_fits_dtype(value: Any, like: Any) -> bool:
 def _fn_values_fit_exactly(value: Any, like: Any) -> bool:
     """Whether every element of a constant is exactly representable in ``like``'s dtype (a
     value, a dtype name or an ONNX code): a float32 norm scale of ones, or of weights cast up
-    from float16, moves onto the float16 tensor without rounding. float and integer dtypes
-    with a numpy equivalent only (bfloat16 has none here)."""
+    from float16, moves onto the float16 tensor without rounding. Float and integer dtypes
+    numpy knows (bfloat16 through ml_dtypes)."""
     target = np.dtype(_numpy_dtype(_dtype_name(like)))
     array = np.asarray(to_array(value))
     if array.size > MAX_ELEMENTS:
@@ -1573,6 +1573,17 @@ def _fn_is_finite_mask(mask: Any) -> bool:
     return is_finite_mask(mask)
 
 
+def _fn_is_finite_value(value: Any) -> bool:
+    """Whether a value provably holds no NaN and no infinity, whatever the graph inputs
+    (valuerange.py: constants, and the few ops masks and clamp bounds are built from)."""
+    from .valuerange import value_bounds  # valuerange reads expr's value helpers
+
+    if not is_value(value):
+        raise NoMatch("is_finite_value() needs a value of the match")
+    bounds = value_bounds(value)
+    return bounds is not None and all(map(math.isfinite, bounds))
+
+
 def _fn_runtime_shape_target(shape: Any, data: Any, allowzero: Any = 0) -> np.ndarray:
     """The constant equal to a Reshape target computed from Shape at run time (shapeexpr.py)."""
     from .shapeexpr import runtime_shape_target  # shapeexpr reads expr's value helpers
@@ -1618,7 +1629,7 @@ def _fn_positions(batch: Any, seq: Any) -> np.ndarray:
 
 
 FAR_REACHING = frozenset({"transpose_ahead", "feeds_heads", "is_finite_mask", "is_finite_scores",
-                          "runtime_shape_target", "repeats_halves"})
+                          "is_finite_value", "runtime_shape_target", "repeats_halves"})
 """Functions that read the graph beyond a value's producer and its readers (several hops
 down or up). Every other function reads only what a match and its inputs' producers and
 readers hold, which lets the rewrite loop re-try a rule only near what changed
@@ -1709,6 +1720,7 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     "producer_op": _fn_producer_op,
     "is_finite_mask": _fn_is_finite_mask,
     "is_finite_scores": _fn_is_finite_scores,
+    "is_finite_value": _fn_is_finite_value,
     "repeats_halves": _fn_repeats_halves,
     "half_table": _fn_half_table,
     "positions": _fn_positions,

@@ -163,3 +163,17 @@ def test_library_drops_the_guard_of_a_finite_mask_before_fusing() -> None:
     assert result.rewrite.counts().get("softmax-nan-guard") == 1
     ops = result.ops_after
     assert ops["com.microsoft.MultiHeadAttention"] == 1 and ops["IsNaN"] == 0
+
+
+def test_is_finite_value_t5_clamp_bounds() -> None:
+    # T5's fp16 clamp: c = isinf(x).any() ? finfo.max - 1000 : finfo.max, bounds -c and c
+    from fusectl.expr import FUNCTIONS
+
+    v = _values(HEAD + """g (bool any, float x) => (float16 hi, float16 lo, float y)
+        <float big = {64504.0}, float max = {65504.0}, float inf = {inf}>
+        { w = Where(any, big, max)  n = Neg(w)  lo = Cast<to=10>(n)  hi = Cast<to=10>(w)
+          y = Where(any, inf, max) }""")
+    finite = FUNCTIONS["is_finite_value"]
+    assert finite(v["hi"]) and finite(v["lo"])
+    assert not finite(v["x"])  # a float graph input may hold NaN
+    assert not finite(v["y"])  # an inf constant
