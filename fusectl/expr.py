@@ -1491,7 +1491,7 @@ def _fn_values_fit_exactly(value: Any, like: Any) -> bool:
     value, a dtype name or an ONNX code): a float32 norm scale of ones, or of weights cast up
     from float16, moves onto the float16 tensor without rounding. Float and integer dtypes
     numpy knows (bfloat16 through ml_dtypes)."""
-    target = np.dtype(_numpy_dtype(_dtype_name(like)))
+    target = _numpy_dtype(_dtype_name(like))
     array = np.asarray(to_array(value))
     if array.size > MAX_ELEMENTS:
         raise NoMatch("values_fit_exactly() of a huge constant")
