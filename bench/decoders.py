@@ -26,14 +26,14 @@ one of fusectl's dependencies. A failed export prints its reason and the script 
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 import traceback
 import warnings
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+import hf_corpus
+
 SEED = 0
 LAYERS = 2
 STEPS = ((0, 6), (8, 1), (8, 4))
@@ -189,19 +189,12 @@ def build(out: Path, models: list[str], dynamic: bool, debug: bool = False,
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=HERE / ".models" / "decoders")
-    parser.add_argument("--models", nargs="+", choices=sorted(CONFIGS), default=sorted(CONFIGS))
+    parser = hf_corpus.parser(__doc__, "decoders", sorted(CONFIGS))
     parser.add_argument("--dynamic", action="store_true",
                         help="also export with symbolic batch, sequence and past length")
-    parser.add_argument("--half", action="store_true", help="export in float16")
     parser.add_argument("--debug", action="store_true", help="print tracebacks of failures")
     args = parser.parse_args()
-    try:
-        import torch  # noqa: F401
-        import transformers  # noqa: F401
-    except ImportError as e:
-        print(f"{e.name} is missing: pip install torch==2.13.0 transformers", file=sys.stderr)
+    if hf_corpus.missing():
         return 2
     failed = build(args.out, args.models, args.dynamic, args.debug, args.half)
     return 1 if failed else 0

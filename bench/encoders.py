@@ -15,13 +15,13 @@ reason and the script goes on.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 import warnings
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+import hf_corpus
+
 SEED = 0
 TEXT = dict(hidden_size=128, num_attention_heads=4, num_hidden_layers=2, intermediate_size=256,
             vocab_size=512, max_position_embeddings=128)
@@ -125,16 +125,8 @@ def _export(name: str, out: Path, half: bool = False) -> list[str]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=HERE / ".models" / "encoders")
-    parser.add_argument("--models", nargs="+", choices=sorted(CONFIGS), default=sorted(CONFIGS))
-    parser.add_argument("--half", action="store_true", help="export in float16")
-    args = parser.parse_args()
-    try:
-        import torch  # noqa: F401
-        import transformers  # noqa: F401
-    except ImportError as e:
-        print(f"{e.name} is missing: pip install torch==2.13.0 transformers", file=sys.stderr)
+    args = hf_corpus.parser(__doc__, "encoders", sorted(CONFIGS)).parse_args()
+    if hf_corpus.missing():
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     failed = 0
