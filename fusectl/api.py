@@ -43,6 +43,7 @@ from .validate import (
     check_candidate,
     check_intermediates,
     run_reference,
+    shape_named_dims,
 )
 
 __all__ = [
@@ -238,6 +239,8 @@ def optimize(
     if opset is not None:
         working = modelio.upgrade_opset(working, opset)
     detach_legacy_initializer_inputs(working)
+    if validation is not None and validation.shapes:
+        dims = {**shape_named_dims(working, validation.shapes), **dims}
     signature = modelio.snapshot_signature(working)
     ops_before = op_histogram(working.graph)
     nodes_before = sum(ops_before.values())

@@ -45,6 +45,19 @@ def _parse_dims(values: Sequence[str]) -> dict[str, int]:
     return dims
 
 
+def _parse_shapes(values: Sequence[str]) -> dict[str, tuple[int, ...]]:
+    """``NAME=1,512`` (or ``1x512``): a generated input's whole shape."""
+    shapes = {}
+    for item in values:
+        name, sep, text = item.partition("=")
+        sizes = text.replace("x", ",").split(",")
+        if not sep or not name or not all(s.strip().isdigit() for s in sizes):
+            raise BadInputError(f"--input-shape {item!r}: expected NAME=D0,D1,... with "
+                                "non-negative integers")
+        shapes[name] = tuple(int(s) for s in sizes)
+    return shapes
+
+
 def _parse_ranges(values: Sequence[str]) -> dict[str, tuple[float, float]]:
     ranges = {}
     for item in values:
@@ -105,6 +118,8 @@ _INPUT_OPTIONS = [
                  metavar="FILE.npz|DIR",
                  help="Validation inputs from an .npz file or a folder of input_<N>.pb "
                       "TensorProtos (onnx test_data_set layout)."),
+    click.option("--input-shape", "input_shapes", multiple=True, metavar="NAME=D0,D1,...",
+                 help="Shape of a generated input, anonymous dims included (repeatable)."),
     click.option("--input-range", "input_ranges", multiple=True, metavar="NAME=LO:HI",
                  help="Range for a generated input."),
     click.option("--seed", default=0, show_default=True, help="Seed of generated inputs."),
@@ -118,15 +133,16 @@ _INPUT_OPTIONS = [
 
 def _validation_options(input_files: tuple[str, ...], inputs_npz: str | None,
                         dims: dict[str, int], seed: int, samples: int,
-                        ranges: dict, rtol: float | None, atol: float | None
-                        ) -> ValidationOptions:
+                        ranges: dict, rtol: float | None, atol: float | None,
+                        input_shapes: Sequence[str] = ()) -> ValidationOptions:
     """The comparison settings from the command line (fusectl.validate is imported late:
     it loads onnxruntime)."""
     from .validate import ValidationOptions, load_input_files
 
     given = load_input_files(input_files, inputs_npz) if (input_files or inputs_npz) else None
-    return ValidationOptions(inputs=given, dims=dims, seed=seed, samples=samples,
-                             input_ranges=ranges, rtol=rtol, atol=atol)
+    return ValidationOptions(inputs=given, dims=dims, shapes=_parse_shapes(input_shapes),
+                             seed=seed, samples=samples, input_ranges=ranges, rtol=rtol,
+                             atol=atol)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -183,7 +199,8 @@ def optimize(model: Path, output: Path | None, rule_paths: tuple[Path, ...],
              also_opt_in: tuple[str, ...],
              target: str, opset: int | None, dims: tuple[str, ...],
              input_files: tuple[str, ...], inputs_npz: str | None,
-             input_ranges: tuple[str, ...], seed: int, samples: int, atol: float | None,
+             input_shapes: tuple[str, ...], input_ranges: tuple[str, ...], seed: int,
+             samples: int, atol: float | None,
              rtol: float | None, no_validate: bool, force: bool, allow_revert: bool,
              check_intermediates: bool, no_fold: bool,
              json_path: str | None, markdown_path: str | None, junit_path: str | None,
@@ -219,7 +236,7 @@ def optimize(model: Path, output: Path | None, rule_paths: tuple[Path, ...],
                               target=active)
     gates.check_rules_exist(r.id for r in rules)
     options = _validation_options(input_files, inputs_npz, bound, seed, samples, ranges,
-                                  rtol, atol)
+                                  rtol, atol, input_shapes)
     with report.validation_progress(_stderr, enabled=not quiet and _stderr.is_terminal) as say:
         result = api.optimize(model, rules=rules, target=active, opset=opset, dims=bound,
                               check=not no_validate, validation=options,
@@ -365,7 +382,8 @@ def report_command(model: Path, device: str, conv_algo: str, rule_paths: tuple[P
 @click.option("-v", "--verbose", is_flag=True, help="List every changed node and initializer.")
 def diff_command(model_a: Path, model_b: Path, structural_only: bool, dims: tuple[str, ...],
                  input_files: tuple[str, ...], inputs_npz: str | None,
-                 input_ranges: tuple[str, ...], seed: int, samples: int, atol: float | None,
+                 input_shapes: tuple[str, ...], input_ranges: tuple[str, ...], seed: int,
+                 samples: int, atol: float | None,
                  rtol: float | None, json_path: str | None, markdown_path: str | None,
                  junit_path: str | None, html_path: str | None, quiet: bool,
                  verbose: bool) -> None:
@@ -382,7 +400,7 @@ def diff_command(model_a: Path, model_b: Path, structural_only: bool, dims: tupl
     formats.check_paths(((f"--{kind}", path) for kind, path in paths.items()),
                         protected=(model_a, model_b))
     options = _validation_options(input_files, inputs_npz, bound, seed, samples, ranges,
-                                  rtol, atol)
+                                  rtol, atol, input_shapes)
     with _status(quiet) as say:
         result = diff_models(model_a, model_b, structural_only=structural_only,
                              validation=options, dims=bound, progress=say)

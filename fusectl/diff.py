@@ -39,7 +39,7 @@ from .boundshapes import bound_shapes
 from .errors import BadInputError, first_line_of
 from .ruletest import op_histogram
 from .shapes import infer_model_shapes
-from .validate import ValidationOptions, ValidationResult, validate
+from .validate import ValidationOptions, ValidationResult, shape_named_dims, validate
 from .validate import to_dict as validation_to_dict
 
 __all__ = [
@@ -464,8 +464,11 @@ def diff_models(
     say("comparing nodes and initializers")
     nodes_added, nodes_removed, nodes_changed, nodes_unchanged = _compare_nodes(graph_a, graph_b)
     inits = _compare_initializers(graph_a, graph_b)
+    measured = bound  # and the dims that given input shapes size, as --dim would
+    if validation is not None and validation.shapes:
+        measured = {**shape_named_dims(model_a, validation.shapes), **bound}
     say("measuring traffic")
-    traffic_a, traffic_b = _measure(model_a, bound), _measure(model_b, bound)
+    traffic_a, traffic_b = _measure(model_a, measured), _measure(model_b, measured)
 
     result_validation: ValidationResult | None = None
     skipped: str | None = None

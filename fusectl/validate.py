@@ -14,8 +14,10 @@ results, and reports progress through an optional callback.
 Generated inputs (when the user does not provide an array for an input):
 
 * They are seeded: sample ``i`` uses ``np.random.default_rng(options.seed + i)``.
-* Symbolic dims take their value from ``options.dims``; else from an array the user provided
-  for another input with the same dim name; else a batch-like dim (named ``N``, ``B``,
+* ``options.shapes[name]`` is the whole shape of that input (its anonymous dims too); the
+  names it covers bind the same names elsewhere.
+* Symbolic dims take their value from ``options.dims``; else from an array or a shape the user
+  gave for another input with the same dim name; else a batch-like dim (named ``N``, ``B``,
   ``batch``, ``batch_size`` or containing ``batch``, case-insensitive) is 2 (1 when the
   reference cannot run at 2: exports that traced batch 1 as a constant), a dim spelled as
   an expression of named dims (torch's ``s16 + s62``, an attention mask as long as the past
@@ -87,6 +89,7 @@ __all__ = [
     "load_input_files",
     "run_model",
     "run_reference",
+    "shape_named_dims",
     "to_dict",
     "validate",
 ]
@@ -105,6 +108,10 @@ _DEFAULT_BATCH = 2
 _FALLBACK_BATCH = 1
 _DEFAULT_DIM = 8
 _FALLBACK_DIM = 32
+_FALLBACK_LONG = 512
+# The inputs of a fallback with dynamic dims at 512 together hold at most this many elements
+# (64 MiB of float32): an image or a sequence of 512 fits, a 512-cube volume is not tried.
+_FALLBACK_LONG_ELEMENTS = 1 << 24
 _DEFAULT_INT_HIGH = 10
 # Widest generated floats of the float16 range sample: |x| > 256 squares past 65504.
 _FP16_RANGE = 512.0
@@ -159,14 +166,16 @@ class ValidationOptions:
     """How to feed and judge a validation run; every field has a usable default.
 
     ``inputs`` are user arrays by input name (the rest are generated), ``dims`` binds symbolic
-    dims by name, ``samples`` input sets are tried (sample ``i`` seeded with ``seed + i``),
-    ``input_ranges`` overrides the value range of generated inputs, and ``rtol``/``atol``
-    replace the per-dtype default tolerances (for float and integer outputs; bools and strings
-    are always compared exactly).
+    dims by name, ``shapes`` fixes a generated input's whole shape, ``samples`` input sets
+    are tried (sample ``i`` seeded with ``seed + i``), ``input_ranges`` overrides the value
+    range of generated inputs, and ``rtol``/``atol`` replace the per-dtype default tolerances
+    (for float and integer outputs; bools and strings are always compared exactly).
     """
 
     inputs: Mapping[InputKey, np.ndarray] | None = None
     dims: Mapping[str, int] = field(default_factory=dict)
+    shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    """Whole shapes of generated inputs by name: how anonymous dims are set (``--input-shape``)."""
     seed: int = 0
     samples: int = 1
     input_ranges: Mapping[str, tuple[float, float]] = field(default_factory=dict)
@@ -180,7 +189,8 @@ class ValidationOptions:
     size: int = _DEFAULT_DIM
     """Other dynamic dims not bound otherwise, except on the first axis: 8, small and fast;
     ``run_reference`` falls back to 32 for a model that fails at 8 (a detector whose feature
-    pyramid adds maps upsampled from 1/32 scale needs sizes divisible by 32). The first
+    pyramid adds maps upsampled from 1/32 scale needs sizes divisible by 32), then to 512
+    (an audio model's STFT window). The first
     axis, a batch by another name (Paddle2ONNX's ``-1``), stays at 8."""
 
 
@@ -498,9 +508,11 @@ def generate_inputs(
         if not lo <= hi:
             raise BadInputError(f"input range for {range_name!r}: low {lo} is above high {hi}")
 
+    _check_shapes(runtime_inputs, options, provided)
+
     feeds = {value.name: _check_provided(value, provided[value.name], options.dims)
              for value in runtime_inputs if value.name in provided}
-    bound = _bound_dims(runtime_inputs, feeds)
+    bound = _bound_dims(runtime_inputs, _given_shapes(feeds, options))
 
     rng = np.random.default_rng(options.seed + sample)
     result: dict[str, np.ndarray] = {}
@@ -510,11 +522,60 @@ def generate_inputs(
             result[name] = feeds[name]
             continue
         dtype, shape = _tensor_signature(value)
-        dims = _input_dims(shape, options, bound, named)
+        dims = options.shapes.get(name) or _input_dims(shape, options, bound, named)
         result[name] = np.asarray(_generate(
             value, dtype, dims, rng, options.input_ranges.get(name), float_range or (-1.0, 1.0)
         ))
     return result
+
+
+def _check_shapes(runtime: list[ir.Value], options: ValidationOptions,
+                  provided: Mapping[str, Any]) -> None:
+    """Refuse a given shape that the input's declaration, ``--dim``, another given shape or
+    a given array contradicts: the model would fail, or the user asked for two sizes."""
+    _check_names(options.shapes, [v.name or "" for v in runtime], "input")
+    sizes: dict[str, tuple[int, str]] = {}  # dim name -> (size, the input that set it)
+    for value in runtime:
+        name = value.name or ""
+        if name not in options.shapes:
+            continue
+        wanted = tuple(options.shapes[name])
+        if name in provided:
+            raise BadInputError(f"input {name!r}: both an array and a shape were given")
+        if any(isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 0
+               for d in wanted):
+            raise BadInputError(f"input {name!r}: shape {list(wanted)} must be non-negative "
+                                "integers")
+        _, declared = _tensor_signature(value)
+        if len(wanted) != len(declared):
+            raise BadInputError(f"input {name!r}: shape {list(wanted)} has rank {len(wanted)}, "
+                                f"the model declares {_shape_text(declared)}")
+        for axis, (dim, size) in enumerate(zip(declared, wanted, strict=True)):
+            if isinstance(dim, int) and dim >= 0 and dim != size:
+                raise BadInputError(f"input {name!r}: axis {axis} is {dim} in the model "
+                                    f"({_shape_text(declared)}), not {size}")
+            symbol = dim.value if isinstance(dim, ir.SymbolicDim) else None
+            if symbol is None:
+                continue
+            if symbol in options.dims and options.dims[symbol] != size:
+                raise BadInputError(f"input {name!r}: axis {axis} is dim {symbol}, bound to "
+                                    f"{options.dims[symbol]} by --dim, not {size}")
+            first, where = sizes.setdefault(symbol, (int(size), name))
+            if first != size:
+                raise BadInputError(f"input {name!r}: axis {axis} is dim {symbol}, which "
+                                    f"input {where!r} sets to {first}, not {size}")
+
+
+def shape_named_dims(model: ir.Model, shapes: Mapping[str, Sequence[int]]) -> dict[str, int]:
+    """The symbolic dims that the given input shapes size, by name (the first wins): what
+    ``--input-shape`` binds for the traffic model, as ``--dim`` would."""
+    return _bound_dims(_runtime_inputs(model), shapes)
+
+
+def _given_shapes(feeds: Mapping[str, Any], options: ValidationOptions
+                  ) -> dict[str, tuple[int, ...]]:
+    """The shapes the user fixed, by input name: given arrays' and ``options.shapes``."""
+    return {**{name: np.shape(array) for name, array in feeds.items()}, **options.shapes}
 
 
 def _runtime_inputs(model: ir.Model) -> list[ir.Value]:
@@ -588,12 +649,13 @@ def _symbolic_names(runtime: list[ir.Value]) -> dict[str, bool]:
     return names
 
 
-def _bound_dims(runtime: list[ir.Value], arrays: Mapping[str, Any]) -> dict[str, int]:
-    """Symbolic dims the user's arrays fix, by name (the first array naming one wins)."""
+def _bound_dims(runtime: list[ir.Value], shapes: Mapping[str, Sequence[int]]
+                ) -> dict[str, int]:
+    """Symbolic dims the user's arrays and shapes fix, by name (the first naming one wins)."""
     bound: dict[str, int] = {}
     for value in runtime:
-        if value.name in arrays:
-            for dim, size in zip(value.shape or (), np.shape(arrays[value.name]), strict=False):
+        if value.name in shapes:
+            for dim, size in zip(value.shape or (), shapes[value.name], strict=False):
                 if isinstance(dim, ir.SymbolicDim) and dim.value is not None:
                     bound.setdefault(dim.value, int(size))
     return bound
@@ -605,8 +667,10 @@ def _generated_shapes(model: ir.Model, options: ValidationOptions
     the same ones are one attempt."""
     runtime = _runtime_inputs(model)
     given = _given_inputs(runtime, options)
-    bound, named = _bound_dims(runtime, given), _symbolic_names(runtime)
-    return tuple(_input_dims(v.shape, options, bound, named)
+    bound = _bound_dims(runtime, _given_shapes(given, options))
+    named = _symbolic_names(runtime)
+    return tuple(tuple(options.shapes.get(v.name or "") or
+                       _input_dims(v.shape, options, bound, named))
                  for v in runtime if v.name not in given and v.shape is not None)
 
 
@@ -932,7 +996,7 @@ def _dynamic_generated_inputs(model: ir.Model, options: ValidationOptions) -> li
     runtime = _runtime_inputs(model)
     given = _given_inputs(runtime, options)
     return [v.name or "" for v in runtime
-            if v.name not in given and v.shape is not None
+            if v.name not in given and v.name not in options.shapes and v.shape is not None
             and any(not isinstance(d, int) or d < 0 for d in v.shape)]
 
 
@@ -942,8 +1006,9 @@ def _generated_hint(dynamic: list[str], shapes: Mapping[str, tuple[int, ...]]) -
     if not dynamic:
         return ""
     used = ", ".join(f"{name} {list(shapes.get(name, ()))}" for name in dynamic)
-    return (f" (generated inputs: {used}; bind dynamic dims with --dim NAME=VALUE or give "
-            "inputs with --input/--inputs)")
+    return (f" (generated inputs: {used}; bind dynamic dims with --dim NAME=VALUE, set an "
+            "input's shape with --input-shape NAME=D0,D1,... or give inputs with "
+            "--input/--inputs)")
 
 
 def _session_source(model: ModelSource, stack: contextlib.ExitStack) -> str | bytes:
@@ -1474,7 +1539,9 @@ def _distinct_fallbacks(model: ir.Model, options: ValidationOptions
     distinct = []
     for attempt in _fallbacks(options):
         shapes = _generated_shapes(model, attempt)
-        if shapes not in tried:
+        too_big = (attempt.size == _FALLBACK_LONG
+                   and sum(math.prod(s) for s in shapes) > _FALLBACK_LONG_ELEMENTS)
+        if shapes not in tried and not too_big:
             tried.append(shapes)
             distinct.append(attempt)
     return distinct
@@ -1482,9 +1549,13 @@ def _distinct_fallbacks(model: ir.Model, options: ValidationOptions
 
 def _fallbacks(options: ValidationOptions) -> list[ValidationOptions]:
     """The generated-input settings to try after ``options``: batch-like dims at 1, other
-    dynamic dims at 32, both (``_distinct_fallbacks`` drops those that repeat inputs)."""
+    dynamic dims at 32, both, then other dims at 512 (an audio model whose STFT reflects a
+    window of 512 samples: silero-vad), also with batch 1. ``_distinct_fallbacks`` drops
+    those that repeat inputs, and the 512 ones whose inputs would be large."""
     return [replace(options, batch=_FALLBACK_BATCH), replace(options, size=_FALLBACK_DIM),
-            replace(options, batch=_FALLBACK_BATCH, size=_FALLBACK_DIM)]
+            replace(options, batch=_FALLBACK_BATCH, size=_FALLBACK_DIM),
+            replace(options, size=_FALLBACK_LONG),
+            replace(options, batch=_FALLBACK_BATCH, size=_FALLBACK_LONG)]
 
 
 def _generated_at(options: ValidationOptions, other: ValidationOptions) -> str:

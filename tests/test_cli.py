@@ -301,3 +301,49 @@ def test_reference_failing_on_generated_dims_says_which_and_how(capfd, tmp_path:
     assert not (tmp_path / "o.onnx").exists()
     code, _, err = run(capfd, "optimize", path, "-o", tmp_path / "o.onnx", "--dim", "W=40")
     assert code == 0, err
+
+
+def test_input_shape_sets_anonymous_dims(capfd, tmp_path: Path):
+    """x [?, ?] padded by reflection needs more than 64 samples on its anonymous axis 1;
+    --input-shape sets it, binds the named dims of the shape for the traffic model, and a
+    malformed or contradicted shape is one line and exit 2, nothing written."""
+    from onnx import helper
+
+    pads = helper.make_tensor("p", onnx.TensorProto.INT64, [4], [0, 64, 0, 64])
+    graph = helper.make_graph(
+        [helper.make_node("Pad", ["x", "p"], ["y"], mode="reflect"),
+         helper.make_node("Relu", ["y"], ["z"])], "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [None, None]),
+         helper.make_tensor_value_info("h", onnx.TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("z", onnx.TensorProto.FLOAT, [None, None]),
+         helper.make_tensor_value_info("h2", onnx.TensorProto.FLOAT, ["batch", 4])],
+        [pads])
+    graph.node.append(helper.make_node("Neg", ["h"], ["h2"]))
+    path = tmp_path / "anon.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                                ir_version=8), path)
+    out = tmp_path / "o.onnx"
+    report = tmp_path / "r.json"
+    code, _, err = run(capfd, "optimize", path, "-o", out, "--input-shape", "x=1x100",
+                       "--input-shape", "h=3,4", "--json", report)
+    assert code == 0, err
+    document = json.loads(report.read_text())
+    assert document["validation"]["outputs"][0]["shape"] == [1, 228]
+    # the traffic of Neg's [batch, 4] is measured at batch 3, as --dim batch=3 measures it
+    code, _, err = run(capfd, "optimize", path, "-o", out, "--input-shape", "x=1x100",
+                       "--dim", "batch=3", "--json", report)
+    bound = json.loads(report.read_text())
+    assert code == 0 and document["traffic"] == bound["traffic"], err
+    code, _, err = run(capfd, "optimize", path, "-o", out, "--input-shape", "x=1x100",
+                       "--json", report)
+    assert code == 0 and json.loads(report.read_text())["traffic"] != bound["traffic"], err
+    code, _, err = run(capfd, "diff", path, path, "--input-shape", "x=1x100")
+    assert code == 0, err  # diff takes the same input options
+    for bad, message in (("x=1,a", "expected NAME=D0,D1,... with non-negative integers"),
+                         ("x", "expected NAME=D0,D1"),
+                         ("h=3,5", "axis 1 is 4 in the model"),
+                         ("y=1", "unknown input name 'y'")):
+        out.unlink(missing_ok=True)
+        code, _, err = run(capfd, "optimize", path, "-o", out, "--input-shape", bad)
+        assert code == 2 and len(err.strip().splitlines()) == 1, err
+        assert message in err and not out.exists(), err

@@ -1023,13 +1023,15 @@ def test_a_name_that_leads_one_input_has_one_size_in_all():
 
 
 def test_each_fallback_that_generates_the_same_inputs_is_skipped():
-    """No batch-like dim: batch 1 is the default again, and batch 1 with 32 is 32 again."""
+    """No batch-like dim: batch 1 is the default again, and batch 1 with 32 (512) is 32 (512)
+    again."""
     needs_40 = model("g (float[W] x, float[40] c) => (float[40] y) { y = Add(x, c) }")
     progress: list[str] = []
     with pytest.raises(BadInputError, match="cannot run the input model"):
         v.run_reference(needs_40, progress=progress.append)
     assert [p for p in progress if "trying" in p] == [
-        "the input model fails on generated inputs; trying dynamic dims at 32"]
+        f"the input model fails on generated inputs; trying dynamic dims at {size}"
+        for size in (32, 512)]
 
 
 def test_a_model_failing_at_every_batch_names_the_batch_one_shapes():
@@ -1043,4 +1045,84 @@ def test_a_model_failing_at_every_batch_names_the_batch_one_shapes():
     tried = [p for p in progress if p.startswith("the input model fails")]
     assert tried == [f"the input model fails on generated inputs; trying {how}" for how in (
         "batch-like dims at 1", "dynamic dims at 32",
-        "batch-like dims at 1 and other dynamic dims at 32")]
+        "batch-like dims at 1 and other dynamic dims at 32", "dynamic dims at 512",
+        "batch-like dims at 1 and other dynamic dims at 512")]
+
+
+def test_a_model_needing_a_long_signal_is_validated_at_512():
+    """silero-vad reflects a window of 512 samples (Pad mode=reflect needs pads shorter
+    than the axis): it fails at 8 and 32 and runs at 512, batch kept at 2."""
+    reflect = model("g (float[batch, T] x) => (float[batch, U] y) "
+                    "<int64[4] p = {0, 64, 0, 64}> { y = Pad<mode=\"reflect\">(x, p) }")
+    progress: list[str] = []
+    reference = v.run_reference(reflect, progress=progress.append)
+    assert reference.input_shapes == {"x": (2, 512)}
+    assert reference.batch_note.startswith("inputs generated with dynamic dims at 512")
+    assert v.validate(reflect, reflect).passed
+
+
+def test_the_512_fallback_is_skipped_for_large_inputs():
+    """A volume with three dynamic axes would be 512**3 elements: never generated, the error
+    is the one at the given settings."""
+    volume = model("g (float[1, 1, D, H, W] x) => (float[1, 1, D, H, V] y) "
+                   "<int64[10] p = {0, 0, 0, 0, 40, 0, 0, 0, 0, 40}> "
+                   "{ y = Pad<mode=\"reflect\">(x, p) }")
+    progress: list[str] = []
+    with pytest.raises(BadInputError, match=r"generated inputs: x \[1, 1, 8, 8, 8\]"):
+        v.run_reference(volume, progress=progress.append)
+    assert not any("512" in p for p in progress)
+
+
+def anonymous_vad() -> ir.Model:
+    """silero-vad's shape: x [?, ?] and state [2, ?, 128], the anonymous batch shared by
+    both (the model fails when they differ), the signal at least 64 samples long."""
+    vad = model("g (float[N, T] x, float[2, B, 128] state) => (float[N, U] y, float[B, V] s) "
+                "<int64[4] p = {0, 32, 0, 32}, int64[1] a0 = {0}, int64[1] a1 = {1}, "
+                "int64[1] e = {128}> "
+                "{ y = Pad<mode=\"reflect\">(x, p)\n h = ReduceSum<keepdims=0>(state, a0)\n"
+                "  head = Slice(x, a0, e, a1)\n s = Concat<axis=1>(h, head) }")
+    for value, axes in ((vad.graph.inputs[0], (0, 1)), (vad.graph.inputs[1], (1,))):
+        value.shape = ir.Shape([None if axis in axes else d for axis, d in
+                                enumerate(value.shape)])
+    return vad
+
+
+def test_given_shapes_set_anonymous_dims():
+    """No --dim can name an anonymous dim; a whole shape per input can."""
+    vad = anonymous_vad()
+    with pytest.raises(BadInputError, match="--input-shape NAME=D0,D1"):
+        v.run_reference(vad)  # [8, 8] at first; later fallbacks size the batches apart
+    options = v.ValidationOptions(shapes={"x": (1, 512), "state": (2, 1, 128)})
+    feeds = v.generate_inputs(vad, options)
+    assert feeds["x"].shape == (1, 512) and feeds["state"].shape == (2, 1, 128)
+    assert v.validate(vad, vad, options).passed
+
+
+def test_a_given_shape_binds_its_names_in_other_inputs():
+    two = model("g (float[batch, T] x, float[2, batch, 4] h) => (float[batch, T] y) "
+                "{ y = Relu(x) }")
+    feeds = v.generate_inputs(two, v.ValidationOptions(shapes={"x": (3, 40)}))
+    assert feeds["x"].shape == (3, 40) and feeds["h"].shape == (2, 3, 4)
+    assert v.shape_named_dims(two, {"x": (3, 40)}) == {"batch": 3, "T": 40}
+
+
+@pytest.mark.parametrize("shapes, dims, message", [
+    ({"x": (1, 2, 3)}, {}, r"shape \[1, 2, 3\] has rank 3, the model declares"),
+    ({"h": (3, 1, 4)}, {}, r"input 'h': axis 0 is 2 in the model \(\[2,batch,4\]\), not 3"),
+    ({"x": (3, 4), "h": (2, 5, 4)}, {}, "axis 1 is dim batch, which input 'x' sets to 3, not 5"),
+    ({"x": (3, 4)}, {"batch": 2}, "axis 0 is dim batch, bound to 2 by --dim, not 3"),
+    ({"x": (-1, 4)}, {}, "must be non-negative integers"),
+    ({"z": (1,)}, {}, "unknown input name 'z'"),
+])
+def test_a_given_shape_the_model_contradicts_is_refused(shapes, dims, message):
+    two = model("g (float[batch, T] x, float[2, batch, 4] h) => (float[batch, T] y) "
+                "{ y = Relu(x) }")
+    with pytest.raises(BadInputError, match=message):
+        v.generate_inputs(two, v.ValidationOptions(shapes=shapes, dims=dims))
+
+
+def test_an_input_given_both_an_array_and_a_shape_is_refused():
+    two = model("g (float[batch, T] x) => (float[batch, T] y) { y = Relu(x) }")
+    with pytest.raises(BadInputError, match="both an array and a shape"):
+        v.generate_inputs(two, v.ValidationOptions(inputs={"x": np.ones((1, 2), np.float32)},
+                                                   shapes={"x": (1, 2)}))
