@@ -16,7 +16,10 @@ dim it cannot compute itself, so the names flow on. A name reaching a ``Shape`` 
 lets the next target be read, so rounds repeat while one names something new. Equal names
 are equal sizes, a name spelled ``a*b`` is the product of ``a`` and ``b``, as everywhere in
 the rules, and a slice from 0 to a named length has that length (a run with a shorter
-buffer fails where the slice meets the sequence).
+buffer fails where the slice meets the sequence). A slice dropping a fixed number of
+elements from a named axis, a Pad with constant pads and a Concat along a named axis are
+named by onnx-ir's symbolic arithmetic (``sequence_length - 1``, ``past + 2*seq``), the axis
+taken to be as long as what is dropped.
 """
 
 from __future__ import annotations
@@ -292,7 +295,11 @@ def _slice_dims(node: ir.Node) -> Dims | None:
         if not -len(dims) <= axis < len(dims):
             return None
         size = dims[axis]
-        if not _is_int(start, 0):
+        if isinstance(size, str) and _is_offset(start, end):
+            dims[axis] = _shifted(size, -start + (end if end < 0 else 0))
+            if dims[axis] is None:
+                return None
+        elif not _is_int(start, 0):
             dims[axis] = _sum_after(size, _entry_dim(start, data_dims), end)
             if dims[axis] is None:
                 return None
@@ -306,6 +313,31 @@ def _slice_dims(node: ir.Node) -> Dims | None:
         else:
             dims[axis] = size if _entry_dim(end, data_dims) == size else None
     return dims
+
+
+def _is_offset(start: Entry, end: Entry) -> bool:
+    """``x[k:]``, ``x[:-k]`` or ``x[k:-j]`` in integers: a fixed number of elements dropped
+    from the ends of the axis (``_shifted`` names the rest)."""
+    ints = all(isinstance(e, int) and not isinstance(e, bool) for e in (start, end))
+    return ints and start >= 0 and (end >= SLICE_TO_END or end < 0) \
+        and not (start == 0 and end >= SLICE_TO_END)
+
+
+def _shifted(size: int | str | None, delta: int) -> int | str | None:
+    """A named dim plus an integer, in onnx-ir's (sympy's) spelling: ``sequence_length - 1``
+    for MobileBERT's ``x[:, 1:]``, which a Pad of one row makes ``sequence_length`` again.
+    The axis is taken to be as long as what is dropped (``_sum_after`` takes the same: a
+    dim is never negative). None for an unknown dim and for a name sympy reads as something
+    else (``seq-len`` would become ``-len + seq``)."""
+    if isinstance(size, int):
+        return size + delta if size + delta >= 0 else None
+    if size is None or _unknown(size):
+        return None
+    dim = ir.SymbolicDim(size)
+    if (dim + 0).value != size:
+        return None
+    value = (dim + delta).value
+    return value if isinstance(value, str) else int(value)
 
 
 def _sum_after(size: int | str | None, start: int | str | None, end: Entry) -> str | None:
@@ -340,6 +372,72 @@ def _flatten_dims(node: ir.Node) -> Dims | None:
             _product(symbolic_product(data_dims[axis:]))]
 
 
+def _pad_dims(node: ir.Node) -> Dims | None:
+    """Pad's output: each axis grows by its two constant pads (negative ones crop)."""
+    if len(node.inputs) < 2 or node.inputs[0] is None or node.inputs[1] is None:
+        return None
+    data_dims = _dims(node.inputs[0].shape)
+    pads = shape_entries(node.inputs[1])
+    if data_dims is None or pads is None or not all(_is_plain_int(p) for p in pads):
+        return None
+    axes: list[int] = list(range(len(data_dims)))
+    if len(node.inputs) > 3 and node.inputs[3] is not None:
+        try:
+            axes = _const_ints(node, 3).entries
+        except NoMatch:
+            return None
+    if len(pads) != 2 * len(axes):
+        return None
+    dims = list(data_dims)
+    for i, axis in enumerate(axes):
+        if not -len(dims) <= axis < len(dims):
+            return None
+        dims[axis] = _shifted(dims[axis], pads[i] + pads[i + len(axes)])
+    return dims
+
+
+def _concat_dims(node: ir.Node) -> Dims | None:
+    """Concat's output: the sizes along the axis added up (``past_sequence_length +
+    sequence_length`` for a cache that is not a graph output); the other dims of any input
+    that knows them (they are equal in every input, or the op fails)."""
+    shapes = [_dims(v.shape) if v is not None else None for v in node.inputs]
+    if not shapes or any(d is None for d in shapes) or len({len(d) for d in shapes}) != 1:
+        return None
+    rank = len(shapes[0])
+    attr = node.attributes.get("axis")
+    axis = int(attr.value) if attr is not None else 0
+    if not -rank <= axis < rank:
+        return None
+    axis %= rank
+    total: int | str | None = 0
+    for dims in shapes:
+        size = dims[axis]
+        if total is None or size is None or _unknown(size):
+            return None
+        total = _shifted(size, total) if isinstance(total, int) else _added(total, size)
+    out: Dims = []
+    for position in range(rank):
+        known = [d[position] for d in shapes if not _unknown(d[position])]
+        out.append(total if position == axis else (known[0] if known else None))
+    return out
+
+
+def _added(total: str, size: int | str) -> str | None:
+    """Two dims added, as ``_shifted`` spells a sum (None for a name sympy reads otherwise)."""
+    if isinstance(size, int):
+        result = _shifted(total, size)
+        return result if isinstance(result, str) else None
+    first, second = ir.SymbolicDim(total), ir.SymbolicDim(size)
+    if (second + 0).value != size:
+        return None
+    value = (first + second).value
+    return value if isinstance(value, str) else None
+
+
+def _is_plain_int(entry: Entry) -> bool:
+    return isinstance(entry, int) and not isinstance(entry, bool)
+
+
 _COMPUTED: dict[str, Callable[[ir.Node], Dims | None]] = {
     "Range": _range_dims,
     "Reshape": _reshape_dims,
@@ -347,6 +445,8 @@ _COMPUTED: dict[str, Callable[[ir.Node], Dims | None]] = {
     "ConstantOfShape": _constant_of_shape_dims,
     "Slice": _slice_dims,
     "Flatten": _flatten_dims,
+    "Pad": _pad_dims,
+    "Concat": _concat_dims,
 }
 
 

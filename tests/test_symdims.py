@@ -31,9 +31,11 @@ def _model(start: int = 0, delta: int = 1, source: str = "x") -> ir.Model:
     return from_proto(onnx.parser.parse_model(text))
 
 
-def _dims(model: ir.Model, name: str) -> list[int | str | None]:
+def _dims(model: ir.Model, name: str) -> list[int | str | None] | None:
+    """The value's dims, None when it has no shape (onnx infers none for Pad with axes)."""
     value = next(out for node in model.graph for out in node.outputs if out.name == name)
-    assert value.shape is not None
+    if value.shape is None:
+        return None
     return [d if isinstance(d, int) else d.value for d in value.shape]
 
 
@@ -73,7 +75,9 @@ PREFIX = """
     g (float[B,S,64] x, float[T] v, int64[B,S] ids) => (float[B,S,64] y)
     <float[1,1,64] cls, int64[1,64] positions, int64 i0 = {0}, int64 i1 = {1},
      int64[1] a0 = {0}, int64[1] a1 = {1}, int64[1] m1 = {-1}, int64[1] d16 = {16},
-     int64[1] d48 = {48}, int64[3] m1x3 = {-1, -1, -1}, int64[3] one3 = {1, 1, 1}>
+     int64[1] d48 = {48}, int64[3] m1x3 = {-1, -1, -1}, int64[3] one3 = {1, 1, 1},
+     int64[1] big = {9223372036854775807}, int64[1] m2 = {-2}, int64[1] p2 = {2},
+     int64[6] pad1 = {0, 0, 0, 0, 1, 0}>
     {
       sh = Shape(x)  b = Gather<axis=0>(sh, i0)  s = Gather<axis=0>(sh, i1)
       ub = Unsqueeze(b, a0)  us = Unsqueeze(s, a0)  y = Identity(x)
@@ -95,6 +99,16 @@ CASES = {
     "flatten-negative-axis": ("r = Flatten<axis=-1>(x)", "r", ["B*S", 64]),
     "constant-of-shape": ("t = Concat<axis=0>(ub, m1, m1)  e = Equal(t, m1x3)"
                           "  w = Where(e, one3, t)  r = ConstantOfShape(w)", "r", ["B", 1, 1]),
+    # MobileBERT's trigram embedding: x[:, 1:] and x[:, :-1], each padded back by a row
+    "slice-drops-the-first": ("r = Slice(x, a1, big, a1)", "r", ["B", "S - 1", 64]),
+    "slice-drops-the-last": ("r = Slice(x, a0, m1, a1)", "r", ["B", "S - 1", 64]),
+    "slice-drops-both-ends": ("r = Slice(x, p2, m2, a1)", "r", ["B", "S - 4", 64]),
+    "pad-restores-the-length": ("sl = Slice(x, a1, big, a1)  r = Pad(sl, pad1)", "r",
+                                ["B", "S", 64]),
+    "concat-along-a-named-axis": ("r = Concat<axis=1>(x, x)", "r", ["B", "2*S", 64]),
+    "concat-of-a-slice-and-its-pad": (
+        "sl = Slice(x, a1, big, a1)  pd = Pad(sl, pad1)  r = Concat<axis=-1>(pd, x)", "r",
+        ["B", "S", 128]),
     "second-round": (  # e is named in the first round; the Reshape reads its Shape in the next
         "t = Concat<axis=0>(ub, m1, m1)  e = Equal(t, m1x3)  w = Where(e, one3, t)"
         "  ex = Expand(cls, w)  se = Shape(ex)  be = Gather<axis=0>(se, a0)"
@@ -120,6 +134,10 @@ def test_shape_arithmetic_names_what_onnx_left_unknown(case: str) -> None:
     "t = Concat<axis=0>(ub, m1, d48)  r = Reshape(x, t)",  # S*64/48 is no whole product
     "t = Concat<axis=0>(m1, m1)  r = Reshape(x, t)",  # two -1
     "r = Slice(positions, a1, us, a1)",  # from 1: S - 1 long
+    "r = Slice(x, m1, big, a1)",  # the last one: 1 long, or 0 when S is 0
+    "sl = Slice(x, m1, big, a1)  r = Concat<axis=1>(x, sl)",  # S + a symbol onnx minted
+    "r = Slice(x, a1, big, a1, p2)",  # every second one
+    "t = Concat<axis=0>(ub, m1)  pd = Concat<axis=0>(a0, t, a0, a1)  r = Pad(v, pd)",
     "t = Concat<axis=0>(us)  r = Expand(v, t)",  # T against S: either, or an error
     # B or S equal to 16 cannot be told: the Where picks either
     "t = Concat<axis=0>(ub, us)  e = Equal(t, d16)  w = Where(e, t, d16)  r = Expand(v, w)",
@@ -320,3 +338,39 @@ def test_what_is_no_sum_or_product_of_named_dims_stays_unknown(nodes: str) -> No
     model = _sums(nodes)
     symdims.name_lost_dims(model)
     assert is_minted(_dims(model, "r")[-1])
+
+
+@pytest.mark.parametrize(("size", "delta", "expected"), [
+    ("S", -1, "S - 1"),
+    ("S - 1", 1, "S"),
+    ("past + seq", 1, "past + seq + 1"),
+    (3, -1, 2),
+    (3, -4, None),  # no size below 0
+    ("unk__3", 1, None),  # a symbol onnx minted names nothing
+    ("seq-len", -1, None),  # sympy would read a difference of two names
+    ("seq + past", 0, None),  # and reorder this sum: the name would change
+    (None, 1, None),
+])
+def test_a_named_dim_shifted_by_a_number(size, delta, expected) -> None:
+    assert symdims._shifted(size, delta) == expected
+
+
+def test_a_concat_of_the_past_and_new_tokens_is_their_sum() -> None:
+    """A mask over past + seq tokens concatenated with seq more: no graph output declares
+    the sum, so it is computed (and spelled as onnx-ir spells sums)."""
+    model = _sums("r = Concat<axis=1>(mask, ids)")
+    assert _dims(model, "r") != ["batch", "past + 2*seq"]
+    assert symdims.name_lost_dims(model)
+    assert _dims(model, "r") == ["batch", "past + 2*seq"]
+
+
+def test_a_pad_along_given_axes_grows_those() -> None:
+    """Opset 18's axes input: the pads are for those axes only (3 before and 1 cropped
+    after along S)."""
+    model = from_proto(onnx.parser.parse_model("""
+        <ir_version: 8, opset_import: ["" : 18]>
+        g (float[B, S, 4] x) => (float[B, ?, 4] y)
+        <int64[2] pads = {3, -1}, int64[1] a1 = {1}>
+        { r = Pad(x, pads, , a1)  y = Relu(r) }"""))
+    assert symdims.name_lost_dims(model)
+    assert _dims(model, "r") == ["B", "S + 2", 4]
