@@ -77,7 +77,7 @@ PREFIX = """
      int64[1] a0 = {0}, int64[1] a1 = {1}, int64[1] m1 = {-1}, int64[1] d16 = {16},
      int64[1] d48 = {48}, int64[3] m1x3 = {-1, -1, -1}, int64[3] one3 = {1, 1, 1},
      int64[1] big = {9223372036854775807}, int64[1] m2 = {-2}, int64[1] p2 = {2},
-     int64[6] pad1 = {0, 0, 0, 0, 1, 0}>
+     int64[6] pad1 = {0, 0, 0, 0, 1, 0}, int64[1] huge = {-9223372036854775807}>
     {
       sh = Shape(x)  b = Gather<axis=0>(sh, i0)  s = Gather<axis=0>(sh, i1)
       ub = Unsqueeze(b, a0)  us = Unsqueeze(s, a0)  y = Identity(x)
@@ -137,6 +137,7 @@ def test_shape_arithmetic_names_what_onnx_left_unknown(case: str) -> None:
     "r = Slice(x, m1, big, a1)",  # the last one: 1 long, or 0 when S is 0
     "sl = Slice(x, m1, big, a1)  r = Concat<axis=1>(x, sl)",  # S + a symbol onnx minted
     "r = Slice(x, a1, big, a1, p2)",  # every second one
+    "r = Slice(x, a0, huge, a1)",  # x[:, :-huge]: empty, no name
     "t = Concat<axis=0>(ub, m1)  pd = Concat<axis=0>(a0, t, a0, a1)  r = Pad(v, pd)",
     "t = Concat<axis=0>(us)  r = Expand(v, t)",  # T against S: either, or an error
     # B or S equal to 16 cannot be told: the Where picks either
