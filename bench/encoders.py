@@ -6,8 +6,11 @@ random weights from a fixed seed). Each architecture is exported by the TorchScr
 (opset 17) with optimum's dim names (``batch_size``, ``sequence_length``; images have a
 dynamic batch only), as ``NAME.dyn.onnx``, and by the dynamo exporter with fixed shapes, as
 ``NAME.dynamo.onnx``; ``--half`` exports them in float16 instead, as ``NAME.dyn.fp16.onnx``
-and ``NAME.dynamo.fp16.onnx``. Text models read ``input_ids`` and ``attention_mask`` [2, 16]; vision
-models ``pixel_values`` [2, 3, 64, 64].
+and ``NAME.dynamo.fp16.onnx``. Text models (and decoder stacks read without a cache: Gemma,
+Phi-3, GPT-J, Falcon...) read ``input_ids`` and ``attention_mask`` [2, 16]; vision models
+``pixel_values`` [2, 3, 64, 64]; speech models ``input_values`` [2, 1600] (wav2vec2,
+HuBERT) or Whisper's encoder ``input_features`` [2, 80, 64]. Attention is torch's sdpa where
+the architecture has it, else its eager code.
 
 A sweep corpus for ``bench/sweep.py``, run by hand, never in CI. A failed export prints its
 reason and the script goes on.
@@ -27,6 +30,9 @@ TEXT = dict(hidden_size=128, num_attention_heads=4, num_hidden_layers=2, interme
             vocab_size=512, max_position_embeddings=128)
 VISION = dict(hidden_size=128, num_attention_heads=4, num_hidden_layers=2,
               intermediate_size=256, image_size=64, patch_size=8)
+AUDIO = dict(hidden_size=128, num_attention_heads=4, num_hidden_layers=2, intermediate_size=256,
+             conv_dim=(32, 32, 32), conv_stride=(5, 2, 2), conv_kernel=(10, 3, 3),
+             num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4)
 
 CONFIGS = {
     # name: (config class, model class, arguments, kind)
@@ -56,6 +62,51 @@ CONFIGS = {
                                              depths=[2, 2], num_heads=[2, 4], window_size=4),
              "vision"),
     "clip-vision": ("CLIPVisionConfig", "CLIPVisionModel", VISION, "vision"),
+    # decoder stacks read as encoders (no cache): their norms, rotaries and attentions
+    "gemma": ("GemmaConfig", "GemmaModel",
+              dict(TEXT, num_key_value_heads=1, head_dim=32), "text"),
+    "gemma2": ("Gemma2Config", "Gemma2Model",
+               dict(TEXT, num_key_value_heads=2, head_dim=32, sliding_window=8), "text"),
+    "phi3": ("Phi3Config", "Phi3Model", dict(TEXT, num_key_value_heads=4, pad_token_id=0),
+             "text"),
+    "gptj": ("GPTJConfig", "GPTJModel", dict(n_embd=128, n_head=4, n_layer=2, rotary_dim=16,
+                                             vocab_size=512, n_positions=128), "text"),
+    "falcon": ("FalconConfig", "FalconModel", dict(hidden_size=128, num_attention_heads=4,
+                                                   num_hidden_layers=2, vocab_size=512), "text"),
+    "stablelm": ("StableLmConfig", "StableLmModel", dict(TEXT, num_key_value_heads=4), "text"),
+    "mobilebert": ("MobileBertConfig", "MobileBertModel",
+                   dict(TEXT, embedding_size=64, intra_bottleneck_size=64, true_hidden_size=64,
+                        num_feedforward_networks=2), "text"),
+    "bart-encoder": ("BartConfig", "BartModel",
+                     dict(d_model=128, encoder_attention_heads=4, decoder_attention_heads=4,
+                          encoder_layers=2, decoder_layers=2, encoder_ffn_dim=256,
+                          decoder_ffn_dim=256, vocab_size=512, max_position_embeddings=128),
+                     "encoder"),
+    "convnext": ("ConvNextConfig", "ConvNextModel",
+                 dict(hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1], image_size=64),
+                 "vision"),
+    "segformer": ("SegformerConfig", "SegformerModel",
+                  dict(hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1],
+                       num_attention_heads=[1, 2, 4, 8], decoder_hidden_size=64), "vision"),
+    "beit": ("BeitConfig", "BeitModel", dict(VISION, use_relative_position_bias=True),
+             "vision"),
+    "dinov2": ("Dinov2Config", "Dinov2Model", VISION, "vision"),
+    "mobilevit": ("MobileViTConfig", "MobileViTModel",
+                  dict(image_size=64, hidden_sizes=[32, 48, 64],
+                       neck_hidden_sizes=[8, 16, 24, 24, 32, 40, 64]), "vision"),
+    "yolos": ("YolosConfig", "YolosModel", dict(VISION, image_size=[64, 64],
+                                                num_detection_tokens=10), "vision"),
+    "wav2vec2": ("Wav2Vec2Config", "Wav2Vec2Model", dict(AUDIO, feat_extract_norm="group"),
+                 "audio"),
+    "hubert": ("HubertConfig", "HubertModel",
+               dict(AUDIO, do_stable_layer_norm=True, feat_extract_norm="layer"), "audio"),
+    "whisper-encoder": ("WhisperConfig", "WhisperModel",
+                        dict(d_model=128, encoder_attention_heads=4, decoder_attention_heads=4,
+                             encoder_layers=2, decoder_layers=2, encoder_ffn_dim=256,
+                             decoder_ffn_dim=256, vocab_size=512, num_mel_bins=80,
+                             max_source_positions=32, max_target_positions=64, pad_token_id=0,
+                             bos_token_id=1, eos_token_id=2, decoder_start_token_id=1),
+                        "features"),
 }
 
 
@@ -65,8 +116,14 @@ def _model(name: str):
 
     config_class, model_class, kwargs, kind = CONFIGS[name]
     config = getattr(transformers, config_class)(**kwargs)
+    config._attn_implementation = "sdpa"
     torch.manual_seed(SEED)
-    return getattr(transformers, model_class)(config).eval(), kind
+    try:
+        return getattr(transformers, model_class)(config).eval(), kind
+    except ValueError:  # no sdpa attention in this architecture (GPT-J, Gemma 2...)
+        config._attn_implementation = "eager"
+        torch.manual_seed(SEED)
+        return getattr(transformers, model_class)(config).eval(), kind
 
 
 def _first_output(model, kind: str):
@@ -82,6 +139,12 @@ def _first_output(model, kind: str):
         def forward(self, *args):
             if kind == "vision":
                 return self.model(pixel_values=args[0])[0]
+            if kind == "audio":
+                return self.model(args[0])[0]
+            if kind == "features":
+                return self.model.encoder(args[0])[0]
+            if kind == "encoder":
+                return self.model.get_encoder()(input_ids=args[0], attention_mask=args[1])[0]
             return self.model(input_ids=args[0], attention_mask=args[1])[0]
 
     return Wrapper().eval()
@@ -102,6 +165,18 @@ def _export(name: str, out: Path, half: bool = False) -> list[str]:
         names = ["pixel_values"]
         # a dynamic batch only: position embeddings and Swin's windows fix the image size
         axes = {"pixel_values": {0: "batch_size"}, "output": {0: "batch_size"}}
+    elif kind == "audio":
+        signal = torch.randn(2, 1600, generator=generator)
+        args = (signal.half() if half else signal,)
+        names = ["input_values"]
+        axes = {"input_values": {0: "batch_size", 1: "sequence_length"},
+                "output": {0: "batch_size", 1: "frames"}}
+    elif kind == "features":
+        # Whisper's encoder takes exactly 2 * max_source_positions frames: a dynamic batch
+        features = torch.randn(2, 80, 64, generator=generator)
+        args = (features.half() if half else features,)
+        names = ["input_features"]
+        axes = {"input_features": {0: "batch_size"}, "output": {0: "batch_size"}}
     else:
         args = (torch.randint(0, 512, (2, 16), generator=generator),
                 torch.ones(2, 16, dtype=torch.int64))
