@@ -240,7 +240,7 @@ def optimize(
         working = modelio.upgrade_opset(working, opset)
     detach_legacy_initializer_inputs(working)
     if validation is not None and validation.shapes:
-        dims = {**shape_named_dims(working, validation.shapes), **dims}
+        dims = {**shape_named_dims(working, validation), **dims}
     signature = modelio.snapshot_signature(working)
     ops_before = op_histogram(working.graph)
     nodes_before = sum(ops_before.values())

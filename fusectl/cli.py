@@ -50,10 +50,12 @@ def _parse_shapes(values: Sequence[str]) -> dict[str, tuple[int, ...]]:
     shapes = {}
     for item in values:
         name, sep, text = item.partition("=")
-        sizes = text.replace("x", ",").split(",")
-        if not sep or not name or not all(s.strip().isdigit() for s in sizes):
+        sizes = [s.strip() for s in text.replace("x", ",").split(",")]
+        if not sep or not name or not all(s.isascii() and s.isdigit() for s in sizes):
             raise BadInputError(f"--input-shape {item!r}: expected NAME=D0,D1,... with "
                                 "non-negative integers")
+        if name in shapes:
+            raise BadInputError(f"--input-shape: input {name!r} is given twice")
         shapes[name] = tuple(int(s) for s in sizes)
     return shapes
 

@@ -466,7 +466,7 @@ def diff_models(
     inits = _compare_initializers(graph_a, graph_b)
     measured = bound  # and the dims that given input shapes size, as --dim would
     if validation is not None and validation.shapes:
-        measured = {**shape_named_dims(model_a, validation.shapes), **bound}
+        measured = {**shape_named_dims(model_a, validation), **bound}
     say("measuring traffic")
     traffic_a, traffic_b = _measure(model_a, measured), _measure(model_b, measured)
 

@@ -17,13 +17,14 @@ lets the next target be read, so rounds repeat while one names something new. Eq
 are equal sizes, a name spelled ``a*b`` is the product of ``a`` and ``b``, as everywhere in
 the rules, and a slice from 0 to a named length has that length (a run with a shorter
 buffer fails where the slice meets the sequence). A slice dropping a fixed number of
-elements from a named axis, a Pad with constant pads and a Concat along a named axis are
-named by onnx-ir's symbolic arithmetic (``sequence_length - 1``, ``past + 2*seq``), the axis
-taken to be as long as what is dropped.
+elements from a named axis (clamped: ``Max(0, S - k)``), a Pad with constant pads and a
+Concat along a named axis are named by onnx-ir's symbolic arithmetic (``sequence_length - 1``,
+``past + 2*seq``), which takes a named dim to be at least 1.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 
 import onnx_ir as ir
@@ -43,6 +44,9 @@ from .shapeexpr import (
     sum_terms,
 )
 from .shapes import _plain_dim, try_infer_model_shapes
+
+MAX_CONCAT_INPUTS = 32
+"""Concats with more inputs get no summed name (``_concat_dims``)."""
 
 MAX_ROUNDS = 8
 """Rounds of naming and re-inference: a name computed in one round is read by the next
@@ -296,7 +300,7 @@ def _slice_dims(node: ir.Node) -> Dims | None:
             return None
         size = dims[axis]
         if isinstance(size, str) and _is_offset(start, end):
-            dims[axis] = _shifted(size, -start + (end if end < 0 else 0))
+            dims[axis] = _dropped(size, start - (end if end < 0 else 0))
             if dims[axis] is None:
                 return None
         elif not _is_int(start, 0):
@@ -323,21 +327,68 @@ def _is_offset(start: Entry, end: Entry) -> bool:
         and not (start == 0 and end >= SLICE_TO_END)
 
 
+def _dropped(size: str, count: int) -> str | None:
+    """The length of a named axis less ``count`` elements dropped from its ends, as onnxruntime
+    clamps a slice: ``max(0, S - count)``. onnx-ir's arithmetic takes a named dim to be at
+    least 1, so one element dropped is ``S - 1`` (MobileBERT's ``x[:, 1:]``, which a Pad of one
+    row makes ``S`` again) and more keep the ``Max`` (``x[:, 2:-2]`` padded back by 2 each side
+    is not ``S``: at S = 3 it is 4 long)."""
+    if not _arithmetic_name(size):
+        return None
+    return _spelled(f"max(0, {size} - {count})")
+
+
 def _shifted(size: int | str | None, delta: int) -> int | str | None:
-    """A named dim plus an integer, in onnx-ir's (sympy's) spelling: ``sequence_length - 1``
-    for MobileBERT's ``x[:, 1:]``, which a Pad of one row makes ``sequence_length`` again.
-    The axis is taken to be as long as what is dropped (``_sum_after`` takes the same: a
-    dim is never negative). None for an unknown dim and for a name sympy reads as something
-    else (``seq-len`` would become ``-len + seq``)."""
+    """A dim plus an integer: a size, or a name in onnx-ir's (sympy's) spelling
+    (``Max(0, S - 4) + 4``, ``S - 1 + 1`` is ``S``); None for an unknown dim, a size below 0
+    and a name that gets no arithmetic (``_arithmetic_name``)."""
     if isinstance(size, int):
         return size + delta if size + delta >= 0 else None
-    if size is None or _unknown(size):
+    if size is None or not _arithmetic_name(size):
         return None
-    dim = ir.SymbolicDim(size)
-    if (dim + 0).value != size:
+    return size if delta == 0 else _spelled(f"{size} + ({delta})")
+
+
+def _sum(sizes: Sequence[int | str | None]) -> int | str | None:
+    """The sum of dims (a Concat's axis): an int for sizes, else one name in onnx-ir's
+    spelling (``past + 2*seq``); None when a dim is unknown or gets no arithmetic."""
+    if any(isinstance(d, str) and not _arithmetic_name(d) or d is None for d in sizes):
         return None
-    value = (dim + delta).value
-    return value if isinstance(value, str) else int(value)
+    if all(isinstance(d, int) for d in sizes):
+        return sum(sizes)  # type: ignore[arg-type]
+    return _spelled(" + ".join(f"({d})" for d in sizes))
+
+
+_NO_ARITHMETIC = ("/", "%", "**", "^")
+"""Operators onnx-ir's parser reads in a dim name that a name does not mean (a dim declared
+``h/2`` is no half of another named ``h``: sympy would add two of them up to ``h``)."""
+
+
+@functools.lru_cache(maxsize=4096)
+def _arithmetic_name(name: str) -> bool:
+    """Whether ``name`` gets symbolic arithmetic: not minted by onnx, no division or power,
+    parsed by onnx-ir and spelled back as written (``seq-len`` would be ``-len + seq``,
+    ``seq + past`` reordered: each would come back as another name)."""
+    if _unknown(name) or any(op in name for op in _NO_ARITHMETIC):
+        return False
+    return _spelled(name) == name
+
+
+@functools.lru_cache(maxsize=4096)
+def _spelled(expression: str) -> int | str | None:
+    """onnx-ir's simplified spelling of a dim expression: an int when it is a number, None
+    when onnx-ir cannot parse it (``seq len``, ``batch[0]``) or it is negative."""
+    try:
+        value = (ir.SymbolicDim(expression) + 0).value
+    except Exception:  # noqa: BLE001 - onnx-ir's parser refuses names it cannot read
+        return None
+    if value is None:
+        return None
+    try:
+        number = int(value)
+    except ValueError:
+        return value
+    return number if number >= 0 else None
 
 
 def _sum_after(size: int | str | None, start: int | str | None, end: Entry) -> str | None:
@@ -392,16 +443,22 @@ def _pad_dims(node: ir.Node) -> Dims | None:
     for i, axis in enumerate(axes):
         if not -len(dims) <= axis < len(dims):
             return None
-        dims[axis] = _shifted(dims[axis], pads[i] + pads[i + len(axes)])
+        delta = pads[i] + pads[i + len(axes)]
+        if delta:
+            dims[axis] = _shifted(dims[axis], delta)
     return dims
 
 
 def _concat_dims(node: ir.Node) -> Dims | None:
     """Concat's output: the sizes along the axis added up (``past_sequence_length +
     sequence_length`` for a cache that is not a graph output); the other dims of any input
-    that knows them (they are equal in every input, or the op fails)."""
+    that knows them (they are equal in every input, or the op fails). Not for more than
+    ``MAX_CONCAT_INPUTS`` inputs (a sum of hundreds of names is costly and names nothing an
+    attention reads)."""
+    if not 0 < len(node.inputs) <= MAX_CONCAT_INPUTS:
+        return None
     shapes = [_dims(v.shape) if v is not None else None for v in node.inputs]
-    if not shapes or any(d is None for d in shapes) or len({len(d) for d in shapes}) != 1:
+    if any(d is None for d in shapes) or len({len(d) for d in shapes}) != 1:
         return None
     rank = len(shapes[0])
     attr = node.attributes.get("axis")
@@ -409,29 +466,14 @@ def _concat_dims(node: ir.Node) -> Dims | None:
     if not -rank <= axis < rank:
         return None
     axis %= rank
-    total: int | str | None = 0
-    for dims in shapes:
-        size = dims[axis]
-        if total is None or size is None or _unknown(size):
-            return None
-        total = _shifted(size, total) if isinstance(total, int) else _added(total, size)
+    total = _sum([dims[axis] for dims in shapes])
+    if total is None:
+        return None
     out: Dims = []
     for position in range(rank):
         known = [d[position] for d in shapes if not _unknown(d[position])]
         out.append(total if position == axis else (known[0] if known else None))
     return out
-
-
-def _added(total: str, size: int | str) -> str | None:
-    """Two dims added, as ``_shifted`` spells a sum (None for a name sympy reads otherwise)."""
-    if isinstance(size, int):
-        result = _shifted(total, size)
-        return result if isinstance(result, str) else None
-    first, second = ir.SymbolicDim(total), ir.SymbolicDim(size)
-    if (second + 0).value != size:
-        return None
-    value = (first + second).value
-    return value if isinstance(value, str) else None
 
 
 def _is_plain_int(entry: Entry) -> bool:

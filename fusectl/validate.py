@@ -521,8 +521,9 @@ def generate_inputs(
         if name in feeds:
             result[name] = feeds[name]
             continue
-        dtype, shape = _tensor_signature(value)
-        dims = options.shapes.get(name) or _input_dims(shape, options, bound, named)
+        fixed = options.shapes.get(name)
+        dtype, shape = _tensor_signature(value, rank_known=fixed is None)
+        dims = fixed if fixed is not None else _input_dims(shape, options, bound, named)
         result[name] = np.asarray(_generate(
             value, dtype, dims, rng, options.input_ranges.get(name), float_range or (-1.0, 1.0)
         ))
@@ -532,9 +533,19 @@ def generate_inputs(
 def _check_shapes(runtime: list[ir.Value], options: ValidationOptions,
                   provided: Mapping[str, Any]) -> None:
     """Refuse a given shape that the input's declaration, ``--dim``, another given shape or
-    a given array contradicts: the model would fail, or the user asked for two sizes."""
+    a given array contradicts (a dim spelled as a sum of others, ``past + seq``, is checked
+    against theirs once they are all set): the model would fail, or the user asked for two
+    sizes of one dim."""
     _check_names(options.shapes, [v.name or "" for v in runtime], "input")
-    sizes: dict[str, tuple[int, str]] = {}  # dim name -> (size, the input that set it)
+    sizes: dict[str, tuple[int, str]] = {}  # dim name -> (size, what set it)
+    for name, size in options.dims.items():
+        sizes[name] = (int(size), "--dim")
+    for value in runtime:
+        if value.name in provided and value.shape is not None:
+            for dim, size in zip(value.shape, np.shape(provided[value.name]), strict=False):
+                if isinstance(dim, ir.SymbolicDim) and dim.value is not None:
+                    sizes.setdefault(dim.value, (int(size), f"input {value.name!r}"))
+    expressions = []
     for value in runtime:
         name = value.name or ""
         if name not in options.shapes:
@@ -546,7 +557,10 @@ def _check_shapes(runtime: list[ir.Value], options: ValidationOptions,
                for d in wanted):
             raise BadInputError(f"input {name!r}: shape {list(wanted)} must be non-negative "
                                 "integers")
-        _, declared = _tensor_signature(value)
+        _tensor_signature(value, rank_known=False)
+        declared = value.shape
+        if declared is None:
+            continue  # an input of unknown rank: the given shape is the whole declaration
         if len(wanted) != len(declared):
             raise BadInputError(f"input {name!r}: shape {list(wanted)} has rank {len(wanted)}, "
                                 f"the model declares {_shape_text(declared)}")
@@ -557,19 +571,35 @@ def _check_shapes(runtime: list[ir.Value], options: ValidationOptions,
             symbol = dim.value if isinstance(dim, ir.SymbolicDim) else None
             if symbol is None:
                 continue
-            if symbol in options.dims and options.dims[symbol] != size:
-                raise BadInputError(f"input {name!r}: axis {axis} is dim {symbol}, bound to "
-                                    f"{options.dims[symbol]} by --dim, not {size}")
-            first, where = sizes.setdefault(symbol, (int(size), name))
+            first, where = sizes.setdefault(symbol, (int(size), f"input {name!r}"))
             if first != size:
-                raise BadInputError(f"input {name!r}: axis {axis} is dim {symbol}, which "
-                                    f"input {where!r} sets to {first}, not {size}")
+                said = (f"bound to {first} by --dim" if where == "--dim"
+                        else f"which {where} sets to {first}")
+                raise BadInputError(f"input {name!r}: axis {axis} is dim {symbol}, {said}, "
+                                    f"not {size}")
+            expressions.append((name, axis, dim, int(size)))
+    known = {n: size for n, (size, _) in sizes.items()}
+    for name, axis, dim, size in expressions:
+        symbols = expression_symbols(dim, lambda s, d=dim: s != d.value and s in known)
+        if not symbols:
+            continue
+        value = dim.evaluate({s: known[s] for s in symbols})
+        if value != size:
+            raise BadInputError(f"input {name!r}: axis {axis} is dim {dim.value}, which the "
+                                f"sizes of {' and '.join(sorted(symbols))} make {value}, "
+                                f"not {size}")
 
 
-def shape_named_dims(model: ir.Model, shapes: Mapping[str, Sequence[int]]) -> dict[str, int]:
-    """The symbolic dims that the given input shapes size, by name (the first wins): what
-    ``--input-shape`` binds for the traffic model, as ``--dim`` would."""
-    return _bound_dims(_runtime_inputs(model), shapes)
+def shape_named_dims(model: ir.Model, options: ValidationOptions) -> dict[str, int]:
+    """The symbolic dims that ``options.shapes`` size, by name (the first wins), after
+    checking the shapes as input generation does: what ``--input-shape`` binds for the
+    traffic model, as ``--dim`` would. A dim spelled as an expression of others (``past +
+    seq``) is left out: the traffic model computes it from theirs."""
+    runtime = _runtime_inputs(model)
+    _check_shapes(runtime, options, _given_inputs(runtime, options))
+    bound = _bound_dims(runtime, options.shapes)
+    return {name: size for name, size in bound.items()
+            if expression_symbols(ir.SymbolicDim(name), lambda s, n=name: s != n) is None}
 
 
 def _given_shapes(feeds: Mapping[str, Any], options: ValidationOptions
@@ -582,7 +612,10 @@ def _runtime_inputs(model: ir.Model) -> list[ir.Value]:
     return [v for v in model.graph.inputs if not v.is_initializer()]
 
 
-def _tensor_signature(value: ir.Value) -> tuple[ir.DataType, ir.Shape]:
+def _tensor_signature(value: ir.Value, rank_known: bool = True
+                      ) -> tuple[ir.DataType, ir.Shape | None]:
+    """The dtype and declared shape of a generated input (the shape may be None when
+    ``rank_known`` is False: a given shape sets it)."""
     if value.type is None:
         raise BadInputError(f"cannot generate input {value.name!r}: it has no declared type")
     if not isinstance(value.type, ir.TensorType):
@@ -590,10 +623,10 @@ def _tensor_signature(value: ir.Value) -> tuple[ir.DataType, ir.Shape]:
             f"cannot generate input {value.name!r} of type {value.type}: only dense tensor "
             "inputs are supported"
         )
-    if value.shape is None:
+    if value.shape is None and rank_known:
         raise BadInputError(
-            f"cannot generate input {value.name!r}: its rank is unknown; provide it with "
-            "--input NAME=FILE.npy or --inputs"
+            f"cannot generate input {value.name!r}: its rank is unknown; give its shape with "
+            "--input-shape NAME=D0,D1,... or provide it with --input NAME=FILE.npy or --inputs"
         )
     return value.type.dtype, value.shape
 
@@ -661,17 +694,19 @@ def _bound_dims(runtime: list[ir.Value], shapes: Mapping[str, Sequence[int]]
     return bound
 
 
-def _generated_shapes(model: ir.Model, options: ValidationOptions
+def _generated_shapes(model: ir.Model, options: ValidationOptions, fixed: bool = True
                       ) -> tuple[tuple[int, ...], ...]:
     """The shapes ``generate_inputs`` gives the inputs it generates: two settings that give
-    the same ones are one attempt."""
+    the same ones are one attempt. ``fixed=False`` leaves out the inputs whose shape the user
+    gave (a fallback's size budget is for what it chooses)."""
     runtime = _runtime_inputs(model)
     given = _given_inputs(runtime, options)
     bound = _bound_dims(runtime, _given_shapes(given, options))
     named = _symbolic_names(runtime)
-    return tuple(tuple(options.shapes.get(v.name or "") or
-                       _input_dims(v.shape, options, bound, named))
-                 for v in runtime if v.name not in given and v.shape is not None)
+    return tuple(tuple(options.shapes[v.name] if v.name in options.shapes
+                       else _input_dims(v.shape, options, bound, named))
+                 for v in runtime if v.name not in given and v.shape is not None
+                 and (fixed or v.name not in options.shapes))
 
 
 def _input_dims(shape: ir.Shape, options: ValidationOptions, bound: Mapping[str, int],
@@ -1539,8 +1574,9 @@ def _distinct_fallbacks(model: ir.Model, options: ValidationOptions
     distinct = []
     for attempt in _fallbacks(options):
         shapes = _generated_shapes(model, attempt)
-        too_big = (attempt.size == _FALLBACK_LONG
-                   and sum(math.prod(s) for s in shapes) > _FALLBACK_LONG_ELEMENTS)
+        too_big = (attempt.size == _FALLBACK_LONG and sum(
+            math.prod(s) for s in _generated_shapes(model, attempt, fixed=False))
+            > _FALLBACK_LONG_ELEMENTS)
         if shapes not in tried and not too_big:
             tried.append(shapes)
             distinct.append(attempt)

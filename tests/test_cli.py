@@ -341,9 +341,16 @@ def test_input_shape_sets_anonymous_dims(capfd, tmp_path: Path):
     assert code == 0, err  # diff takes the same input options
     for bad, message in (("x=1,a", "expected NAME=D0,D1,... with non-negative integers"),
                          ("x", "expected NAME=D0,D1"),
+                         ("x=1,\u00b2", "expected NAME=D0,D1"),  # a digit int() refuses
                          ("h=3,5", "axis 1 is 4 in the model"),
                          ("y=1", "unknown input name 'y'")):
-        out.unlink(missing_ok=True)
-        code, _, err = run(capfd, "optimize", path, "-o", out, "--input-shape", bad)
-        assert code == 2 and len(err.strip().splitlines()) == 1, err
-        assert message in err and not out.exists(), err
+        for extra in ([], ["--no-validate"]):  # refused before anything runs or is written
+            out.unlink(missing_ok=True)
+            code, _, err = run(capfd, "optimize", path, "-o", out, "--input-shape", bad, *extra)
+            assert code == 2 and len(err.strip().splitlines()) == 1, err
+            assert message in err and not out.exists(), err
+    code, _, err = run(capfd, "optimize", path, "-o", out, "--input-shape", "x=1,100",
+                       "--input-shape", "x=1,200")
+    assert code == 2 and "input 'x' is given twice" in err, err
+    code, _, err = run(capfd, "diff", path, path, "--structural-only", "--input-shape", "y=1")
+    assert code == 2 and "unknown input name 'y'" in err, err

@@ -77,7 +77,8 @@ PREFIX = """
      int64[1] a0 = {0}, int64[1] a1 = {1}, int64[1] m1 = {-1}, int64[1] d16 = {16},
      int64[1] d48 = {48}, int64[3] m1x3 = {-1, -1, -1}, int64[3] one3 = {1, 1, 1},
      int64[1] big = {9223372036854775807}, int64[1] m2 = {-2}, int64[1] p2 = {2},
-     int64[6] pad1 = {0, 0, 0, 0, 1, 0}, int64[1] huge = {-9223372036854775807}>
+     int64[6] pad1 = {0, 0, 0, 0, 1, 0}, int64[6] pad2 = {0, 2, 0, 0, 2, 0},
+     int64[1] huge = {-9223372036854775807}>
     {
       sh = Shape(x)  b = Gather<axis=0>(sh, i0)  s = Gather<axis=0>(sh, i1)
       ub = Unsqueeze(b, a0)  us = Unsqueeze(s, a0)  y = Identity(x)
@@ -102,7 +103,10 @@ CASES = {
     # MobileBERT's trigram embedding: x[:, 1:] and x[:, :-1], each padded back by a row
     "slice-drops-the-first": ("r = Slice(x, a1, big, a1)", "r", ["B", "S - 1", 64]),
     "slice-drops-the-last": ("r = Slice(x, a0, m1, a1)", "r", ["B", "S - 1", 64]),
-    "slice-drops-both-ends": ("r = Slice(x, p2, m2, a1)", "r", ["B", "S - 4", 64]),
+    # onnxruntime clamps a slice: 2 from each end of S = 3 leave 0, not -1
+    "slice-drops-both-ends": ("r = Slice(x, p2, m2, a1)", "r", ["B", "Max(0, S - 4)", 64]),
+    "pad-of-a-clamped-slice": ("sl = Slice(x, p2, m2, a1)  r = Pad(sl, pad2)", "r",
+                               ["B", "Max(0, S - 4) + 4", 64]),
     "pad-restores-the-length": ("sl = Slice(x, a1, big, a1)  r = Pad(sl, pad1)", "r",
                                 ["B", "S", 64]),
     "concat-along-a-named-axis": ("r = Concat<axis=1>(x, x)", "r", ["B", "2*S", 64]),
@@ -345,15 +349,43 @@ def test_what_is_no_sum_or_product_of_named_dims_stays_unknown(nodes: str) -> No
     ("S", -1, "S - 1"),
     ("S - 1", 1, "S"),
     ("past + seq", 1, "past + seq + 1"),
+    ("Max(0, S - 4)", 4, "Max(0, S - 4) + 4"),
     (3, -1, 2),
     (3, -4, None),  # no size below 0
     ("unk__3", 1, None),  # a symbol onnx minted names nothing
     ("seq-len", -1, None),  # sympy would read a difference of two names
-    ("seq + past", 0, None),  # and reorder this sum: the name would change
+    ("seq + past", 1, None),  # and reorder this sum: the name would change
+    ("h/2", 1, None),  # a name is no quotient: two h/2 would add up to h
+    ("seq len", 1, None),  # onnx-ir's parser cannot read it: no arithmetic, no crash
+    ("batch[0]", 1, None),
     (None, 1, None),
 ])
 def test_a_named_dim_shifted_by_a_number(size, delta, expected) -> None:
     assert symdims._shifted(size, delta) == expected
+
+
+@pytest.mark.parametrize(("sizes", "expected"), [
+    (["S", "S"], "2*S"),
+    (["past + seq", "seq", 2], "past + 2*seq + 2"),
+    ([3, 4], 7),
+    (["S", "unk__3"], None),
+    (["h/2", "h/2"], None),
+    (["seq len", "S"], None),
+])
+def test_a_sum_of_dims(sizes, expected) -> None:
+    assert symdims._sum(sizes) == expected
+
+
+def test_a_concat_of_many_inputs_gets_no_summed_name() -> None:
+    """A sum of hundreds of names is costly (sympy) and names nothing a rule reads."""
+    count = symdims.MAX_CONCAT_INPUTS + 1
+    inputs = ", ".join(f"float[1, d{i}] x{i}" for i in range(count))
+    names = ", ".join(f"x{i}" for i in range(count))
+    model = from_proto(onnx.parser.parse_model(f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g ({inputs}) => (float[1, ?] y) {{ r = Concat<axis=1>({names})  y = Relu(r) }}"""))
+    symdims.name_lost_dims(model)
+    assert is_minted(_dims(model, "r")[1])
 
 
 def test_a_concat_of_the_past_and_new_tokens_is_their_sum() -> None:

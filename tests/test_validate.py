@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import weakref
+from dataclasses import replace
 
 import ml_dtypes
 import numpy as np
@@ -614,7 +615,7 @@ def test_inputs_that_cannot_be_generated_say_how_to_provide_them():
     assert all(d in "0123456789" for d in digits["s"])
     proto = onnx.parser.parse_model(f"{HEADER}\ng (float x) => (float y) {{ y = Identity(x) }}")
     proto.graph.input[0].type.tensor_type.ClearField("shape")  # rank unknown
-    with pytest.raises(BadInputError, match="rank is unknown; provide it with --input"):
+    with pytest.raises(BadInputError, match="rank is unknown; give its shape with --input-shape"):
         v.generate_inputs(ir.serde.deserialize_model(proto))
 
 
@@ -1103,7 +1104,8 @@ def test_a_given_shape_binds_its_names_in_other_inputs():
                 "{ y = Relu(x) }")
     feeds = v.generate_inputs(two, v.ValidationOptions(shapes={"x": (3, 40)}))
     assert feeds["x"].shape == (3, 40) and feeds["h"].shape == (2, 3, 4)
-    assert v.shape_named_dims(two, {"x": (3, 40)}) == {"batch": 3, "T": 40}
+    assert v.shape_named_dims(two, v.ValidationOptions(shapes={"x": (3, 40)})) == {
+        "batch": 3, "T": 40}
 
 
 @pytest.mark.parametrize("shapes, dims, message", [
@@ -1126,3 +1128,62 @@ def test_an_input_given_both_an_array_and_a_shape_is_refused():
     with pytest.raises(BadInputError, match="both an array and a shape"):
         v.generate_inputs(two, v.ValidationOptions(inputs={"x": np.ones((1, 2), np.float32)},
                                                    shapes={"x": (1, 2)}))
+
+
+def kv_mask_model() -> ir.Model:
+    """optimum's decoder inputs: a mask over the past and the new tokens."""
+    return model("g (float[batch, past] a, float[batch, seq] b, float[batch, M] m) "
+                 "=> (float[batch] y) <int64[1] one = {1}> "
+                 "{ c = Concat<axis=1>(a, b)\n s = Add(c, m)\n y = ReduceSum<keepdims=0>(s, one) }")
+
+
+def with_sum_dim(m: ir.Model) -> ir.Model:
+    value = m.graph.inputs[2]
+    value.shape = ir.Shape([value.shape[0], ir.SymbolicDim("past + seq")])
+    return m
+
+
+def test_a_given_shape_of_a_sum_dim_is_checked_against_its_parts():
+    vad = with_sum_dim(kv_mask_model())
+    options = v.ValidationOptions(shapes={"a": (2, 4), "b": (2, 3), "m": (2, 7)})
+    assert v.generate_inputs(vad, options)["m"].shape == (2, 7)
+    assert v.shape_named_dims(vad, options) == {"batch": 2, "past": 4, "seq": 3}
+    # alone, the mask's shape binds batch; its sum is left to the traffic model
+    assert v.shape_named_dims(vad, v.ValidationOptions(shapes={"m": (2, 7)})) == {"batch": 2}
+    with pytest.raises(BadInputError, match="axis 1 is dim past \\+ seq, which the sizes of "
+                                            "past and seq make 7, not 10"):
+        v.generate_inputs(vad, v.ValidationOptions(shapes={"a": (2, 4), "b": (2, 3),
+                                                           "m": (2, 10)}))
+
+
+def test_a_given_shape_is_checked_against_given_arrays_and_without_validation():
+    two = model("g (float[batch, T] x, float[2, batch, 4] h) => (float[batch, T] y) "
+                "{ y = Relu(x) }")
+    options = v.ValidationOptions(inputs={"x": np.ones((3, 4), np.float32)},
+                                  shapes={"h": (2, 5, 4)})
+    with pytest.raises(BadInputError, match="axis 1 is dim batch, which input 'x' sets to 3"):
+        v.generate_inputs(two, options)
+    with pytest.raises(BadInputError, match="which input 'x' sets to 3"):
+        v.shape_named_dims(two, options)  # what optimize --no-validate and diff call too
+    with pytest.raises(BadInputError, match="unknown input name 'zz'"):
+        v.shape_named_dims(two, v.ValidationOptions(shapes={"zz": (1,)}))
+
+
+def test_a_given_shape_sets_the_rank_of_an_input_that_has_none():
+    unranked = model("g (float[2, 3] x) => (float[2, 3] y) { y = Relu(x) }")
+    unranked.graph.inputs[0].shape = None
+    with pytest.raises(BadInputError, match="rank is unknown; give its shape with"):
+        v.generate_inputs(unranked)
+    assert v.generate_inputs(unranked, v.ValidationOptions(shapes={"x": (2, 3)}))["x"].shape \
+        == (2, 3)
+
+
+def test_the_512_fallback_budget_leaves_out_given_shapes():
+    """A large input whose shape the user fixed is no reason to skip the fallback another
+    input needs."""
+    two = model("g (float[1, N] big, float[batch, T] x) => (float[1, N] z, float[batch, U] y) "
+                "<int64[4] p = {0, 64, 0, 64}> "
+                "{ z = Relu(big)\n y = Pad<mode=\"reflect\">(x, p) }")
+    options = v.ValidationOptions(shapes={"big": (1, 1 << 25)})
+    assert v._distinct_fallbacks(two, options)[-2:] == [
+        replace(options, size=512), replace(options, batch=1, size=512)]
