@@ -588,6 +588,18 @@ def _entries(proto: onnx.ModelProto) -> int:
                + len(g.output))
 
 
+def _map_typed_value(graph: onnx.GraphProto) -> str | None:
+    """The name of a graph input, output or typed value whose type holds a map, if any."""
+    for value in (*graph.input, *graph.output, *graph.value_info):
+        kind = value.type
+        while kind.HasField("sequence_type") or kind.HasField("optional_type"):
+            kind = (kind.sequence_type.elem_type if kind.HasField("sequence_type")
+                    else kind.optional_type.elem_type)
+        if kind.HasField("map_type"):
+            return value.name
+    return None
+
+
 def load_model(path: str | Path) -> ir.Model:
     """Load an ONNX model, with external weights left lazy (memory-mapped on first use).
 
@@ -609,6 +621,12 @@ def load_model(path: str | Path) -> ir.Model:
     base_dir = os.path.dirname(os.path.abspath(p))
     data_files = _check_external_data(p, proto, base_dir)
     _run_checker(p, proto, external=bool(data_files))
+    mapped = _map_typed_value(proto.graph)
+    if mapped is not None:
+        raise _bad(p, f"value {mapped!r} is a map (ZipMap's output: skl2onnx writes classifiers "
+                      "so by default), which onnx-ir, the graph library fusectl rewrites with, "
+                      "cannot hold yet; export without it (skl2onnx: options={id(model): "
+                      "{'zipmap': False}})")
     try:
         model = from_proto(proto, size=size, light=light)
     except Exception as e:  # malformed graphs surface here; the user needs one line

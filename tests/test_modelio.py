@@ -1034,3 +1034,25 @@ def test_an_in_memory_proto_is_checked_against_its_arithmetic_too(tmp_path: Path
     relu = next(n for n in model.graph if n.op_type == "Relu")
     assert relu.outputs[0].shape == ir.Shape(["N", 4])
     assert [v.name for v in proto.graph.value_info] == ["a"]
+
+
+def test_a_model_with_a_map_output_is_refused_in_one_line(tmp_path: Path):
+    """skl2onnx's classifiers end in ZipMap, whose seq(map(int64, float)) output onnx-ir
+    cannot hold: a valid model, refused with the reason and the export option that avoids
+    it (not "not a valid ONNX model")."""
+    zipmap = oh.make_node("ZipMap", ["p"], ["probabilities"], domain="ai.onnx.ml",
+                          classlabels_int64s=[0, 1])
+    graph = oh.make_graph(
+        [oh.make_node("Softmax", ["x"], ["p"]), zipmap], "g",
+        [oh.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2])],
+        [oh.make_value_info("probabilities", oh.make_sequence_type_proto(
+            oh.make_map_type_proto(TensorProto.INT64,
+                                   oh.make_tensor_type_proto(TensorProto.FLOAT, [])))),
+         ])
+    model = oh.make_model(graph, ir_version=8, opset_imports=[
+        oh.make_opsetid("", 17), oh.make_opsetid("ai.onnx.ml", 3)])
+    onnx.checker.check_model(model)
+    path = tmp_path / "zipmap.onnx"
+    onnx.save(model, path)
+    with pytest.raises(BadInputError, match="value 'probabilities' is a map .*'zipmap': False"):
+        modelio.load_model(path)
