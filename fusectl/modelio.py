@@ -600,6 +600,15 @@ def _map_typed_value(graph: onnx.GraphProto) -> str | None:
     return None
 
 
+def _map_message(graph: onnx.GraphProto, what: str) -> str:
+    """Why a model with a map cannot be optimized, and how skl2onnx avoids ZipMap's."""
+    zipmap = any(n.op_type == "ZipMap" for n in graph.node)
+    hint = ("; export without ZipMap (skl2onnx: options={id(model): {'zipmap': False}})"
+            if zipmap else "")
+    return (f"{what}, which onnx-ir, the graph library fusectl rewrites with, cannot hold yet"
+            + hint)
+
+
 def load_model(path: str | Path) -> ir.Model:
     """Load an ONNX model, with external weights left lazy (memory-mapped on first use).
 
@@ -623,14 +632,13 @@ def load_model(path: str | Path) -> ir.Model:
     _run_checker(p, proto, external=bool(data_files))
     mapped = _map_typed_value(proto.graph)
     if mapped is not None:
-        raise _bad(p, f"value {mapped!r} is a map (ZipMap's output: skl2onnx writes classifiers "
-                      "so by default), which onnx-ir, the graph library fusectl rewrites with, "
-                      "cannot hold yet; export without it (skl2onnx: options={id(model): "
-                      "{'zipmap': False}})")
+        raise _bad(p, _map_message(proto.graph, f"value {mapped!r} is a map"))
     try:
         model = from_proto(proto, size=size, light=light)
     except Exception as e:  # malformed graphs surface here; the user needs one line
         cause = _root_cause(e)  # onnx-ir wraps the real reason in "Error calling ..." layers
+        if "Map types are not supported" in str(cause):  # a map typed deeper (a subgraph)
+            raise _bad(p, _map_message(proto.graph, "a value is a map")) from None
         raise _bad(p, f"not a valid ONNX model ({_one_line(cause)})") from None
     if data_files:  # walking every tensor of a model without external data finds nothing
         _set_base_dir(model, base_dir)

@@ -178,13 +178,20 @@ HALF_ACCUMULATING_OPS = frozenset({
     "CumSum", "Softmax", "LogSoftmax", "LayerNormalization", "GroupNormalization",
     "InstanceNormalization", "RMSNormalization", "LpNormalization",
     "MeanVarianceNormalization", "AveragePool", "GlobalAveragePool", "LpPool",
-    "GlobalLpPool", "Attention",
+    "GlobalLpPool", "Attention", "Sum", "Mean", "NegativeLogLikelihoodLoss",
+    "SoftmaxCrossEntropyLoss", "GridSample",
 })
-"""Ops that sum many elements. onnx's reference implementation, which the folders compute
-with, sums float16 in float16: a weight norm's ReduceL2 over 65k float16 weights came out 5%
-off (wav2vec2's and HuBERT's positional convolution exported in float16), where onnxruntime
-sums in float32. Such nodes are left to onnxruntime, which folds them itself when it loads
-the model, with the kernels it runs the reference with."""
+"""Ops whose result goes through many steps: onnx's reference implementation, which the
+folders compute with, keeps float16 for the steps (a weight norm's ReduceL2 over 65k float16
+weights came out 5% off, wav2vec2's and HuBERT's positional convolution exported in float16;
+``Sum(40000, 40000, -40000)`` overflowed), where onnxruntime computes in float32 and rounds
+once. On a float16 or bfloat16 tensor they are folded here in float32, the result rounded to
+the declared type (``_fold_left_constants``), never by onnxscript's folder."""
+
+REFERENCE_WRONG_OPS = frozenset({"LRN"})
+"""Ops onnx's reference implementation (1.23) gets wrong, left for onnxruntime to compute:
+LRN loops over the batch instead of the channels, so channels from the batch size on are
+not normalized."""
 
 _HALF_TYPES = frozenset({ir.DataType.FLOAT16, ir.DataType.BFLOAT16})
 
@@ -212,13 +219,13 @@ def _fold_left_constants(model: ir.Model, failed: set[ir.Node]) -> bool:
         # Cheapest tests first: few nodes have only constant inputs.
         if node.domain != "" or not node.inputs \
                 or not all(_small_constant(v) for v in node.inputs) \
-                or node.op_type in KEPT_CONSTANT_OPS or node in failed or not can_fold(node) \
-                or _sums_in_half(node):
+                or node.op_type in KEPT_CONSTANT_OPS or node.op_type in REFERENCE_WRONG_OPS \
+                or node in failed or not can_fold(node):
             continue
         shapes = _static_output_shapes(node)
         if shapes is None or _elements(shapes) > FOLD_OUTPUT_LIMIT:
             continue
-        arrays = _evaluate(node, opset)
+        arrays = _evaluate(node, opset, widen=_sums_in_half(node))
         if arrays is None or not _as_declared(node, shapes, arrays):
             failed.add(node)
             continue
@@ -328,9 +335,10 @@ def _as_declared(node: ir.Node, shapes: list[tuple[int, ...] | None],
     return True
 
 
-def _evaluate(node: ir.Node, opset: int) -> list[np.ndarray] | None:
+def _evaluate(node: ir.Node, opset: int, widen: bool = False) -> list[np.ndarray] | None:
     """The outputs of ``node`` on its constant inputs, or None when onnx's reference
-    implementation cannot compute them."""
+    implementation cannot compute them. ``widen`` computes float16 and bfloat16 inputs in
+    float32 and rounds each output to its declared type, as onnxruntime does."""
     if node.op_type == "GatherElements":
         data, indices = (v.const_value.numpy() for v in node.inputs)
         result = _gather_elements(data, indices, node.attributes.get_int("axis", 0))
@@ -344,7 +352,8 @@ def _evaluate(node: ir.Node, opset: int) -> list[np.ndarray] | None:
     proto.input.extend(inputs)
     del proto.output[:]
     proto.output.extend(f"output{i}" for i in range(len(node.outputs)))
-    constants = [onnx.numpy_helper.from_array(v.const_value.numpy(), name)
+    constants = [onnx.numpy_helper.from_array(_widened(v) if widen else v.const_value.numpy(),
+                                              name)
                  for name, v in zip(inputs, node.inputs, strict=True) if v is not None]
     outputs = [onnx.helper.make_empty_tensor_value_info(name) for name in proto.output]
     try:
@@ -356,7 +365,17 @@ def _evaluate(node: ir.Node, opset: int) -> list[np.ndarray] | None:
         return None
     if not all(isinstance(a, (np.ndarray, np.generic)) for a in results):
         return None  # a sequence or an optional
-    return [np.asarray(a) for a in results]
+    arrays = [np.asarray(a) for a in results]
+    if widen:
+        arrays = [a.astype(v.dtype.numpy()) if v.dtype in _HALF_TYPES else a
+                  for a, v in zip(arrays, node.outputs, strict=True)]
+    return arrays
+
+
+def _widened(value: ir.Value) -> np.ndarray:
+    """A constant input as computed in float32 when it is float16 or bfloat16."""
+    array = value.const_value.numpy()
+    return array.astype(np.float32) if value.dtype in _HALF_TYPES else array
 
 
 def _gather_elements(data: np.ndarray, indices: np.ndarray, axis: int) -> np.ndarray | None:
@@ -530,7 +549,8 @@ def _should_fold(node: ir.Node) -> bool | None:
     freeze into one draw) nor one that sums in half precision (``HALF_ACCUMULATING_OPS``);
     and ConstantOfShape, which onnxscript keeps (it is compact), when
     small: weights built with it must become real constants for rules to see them."""
-    if not can_fold(node) or _sums_in_half(node):
+    if not can_fold(node) or _sums_in_half(node) or (
+            node.op_type in REFERENCE_WRONG_OPS and node.domain in ("", "ai.onnx")):
         return False
     if node.op_type != "ConstantOfShape" or node.domain != "" or not node.inputs:
         return None

@@ -580,11 +580,13 @@ def _check_shapes(runtime: list[ir.Value], options: ValidationOptions,
             expressions.append((name, axis, dim, int(size)))
     known = {n: size for n, (size, _) in sizes.items()}
     for name, axis, dim, size in expressions:
+        if any(op in (dim.value or "") for op in ("/", "%", "**", "^")):
+            continue  # a name, not a quotient: symdims does no arithmetic on it either
         symbols = expression_symbols(dim, lambda s, d=dim: s != d.value and s in known)
         if not symbols:
             continue
         value = dim.evaluate({s: known[s] for s in symbols})
-        if value != size:
+        if isinstance(value, int) and value != size:
             raise BadInputError(f"input {name!r}: axis {axis} is dim {dim.value}, which the "
                                 f"sizes of {' and '.join(sorted(symbols))} make {value}, "
                                 f"not {size}")

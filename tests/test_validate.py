@@ -1187,3 +1187,12 @@ def test_the_512_fallback_budget_leaves_out_given_shapes():
     options = v.ValidationOptions(shapes={"big": (1, 1 << 25)})
     assert v._distinct_fallbacks(two, options)[-2:] == [
         replace(options, size=512), replace(options, batch=1, size=512)]
+
+
+def test_a_given_shape_of_a_dim_named_with_a_slash_is_not_checked_as_a_quotient():
+    """``h/2`` is a name (symdims does no arithmetic on it either): an odd h is no
+    contradiction."""
+    two = model("g (float[1, h] a, float[1, D] b) => (float[1, h] y) { y = Relu(a) }")
+    two.graph.inputs[1].shape = ir.Shape([1, ir.SymbolicDim("h/2")])
+    feeds = v.generate_inputs(two, v.ValidationOptions(shapes={"a": (1, 9), "b": (1, 4)}))
+    assert feeds["b"].shape == (1, 4)
