@@ -321,7 +321,7 @@ def _slice_dims(node: ir.Node) -> Dims | None:
 
 def _is_offset(start: Entry, end: Entry) -> bool:
     """``x[k:]``, ``x[:-k]`` or ``x[k:-j]`` in integers: a fixed number of elements dropped
-    from the ends of the axis (``_shifted`` names the rest)."""
+    from the ends of the axis (``_dropped`` names the rest)."""
     ints = all(isinstance(e, int) and not isinstance(e, bool) for e in (start, end))
     return ints and 0 <= start < SLICE_TO_END and (end >= SLICE_TO_END or -SLICE_TO_END < end < 0) \
         and not (start == 0 and end >= SLICE_TO_END)
