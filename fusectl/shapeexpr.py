@@ -101,6 +101,12 @@ MAX_EXPRESSION = 64
 """Characters of a dim read as an expression at most (torch writes ``s16 + s62``)."""
 
 
+OPAQUE_OPERATORS = ("/", "%", "**", "^")
+"""Operators onnx-ir's parser reads in a dim name that a name does not mean: a dim declared
+``h/2`` is no half of another named ``h`` (sympy would add two of them up to ``h``), so such
+a name gets no arithmetic (symdims) and is checked against no other dims (validate)."""
+
+
 def expression_symbols(dim: ir.SymbolicDim,
                        named: Callable[[str], bool]) -> frozenset[str] | None:
     """The symbols of a dim spelled as an expression of other dims (torch's ``s16 + s62``:

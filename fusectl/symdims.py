@@ -31,6 +31,7 @@ import onnx_ir as ir
 
 from .expr import SLICE_TO_END, NoMatch, symbolic_product, symbolic_quotient
 from .shapeexpr import (
+    OPAQUE_OPERATORS,
     STAND_IN_PREFIX,
     Dim,
     Entry,
@@ -359,17 +360,12 @@ def _sum(sizes: Sequence[int | str | None]) -> int | str | None:
     return _spelled(" + ".join(f"({d})" for d in sizes))
 
 
-_NO_ARITHMETIC = ("/", "%", "**", "^")
-"""Operators onnx-ir's parser reads in a dim name that a name does not mean (a dim declared
-``h/2`` is no half of another named ``h``: sympy would add two of them up to ``h``)."""
-
-
 @functools.lru_cache(maxsize=4096)
 def _arithmetic_name(name: str) -> bool:
     """Whether ``name`` gets symbolic arithmetic: not minted by onnx, no division or power,
     parsed by onnx-ir and spelled back as written (``seq-len`` would be ``-len + seq``,
     ``seq + past`` reordered: each would come back as another name)."""
-    if _unknown(name) or any(op in name for op in _NO_ARITHMETIC):
+    if _unknown(name) or any(op in name for op in OPAQUE_OPERATORS):
         return False
     return _spelled(name) == name
 
@@ -451,8 +447,10 @@ def _pad_dims(node: ir.Node) -> Dims | None:
 
 def _concat_dims(node: ir.Node) -> Dims | None:
     """Concat's output: the sizes along the axis added up (``past_sequence_length +
-    sequence_length`` for a cache that is not a graph output); the other dims of any input
-    that knows them (they are equal in every input, or the op fails). Not for more than
+    sequence_length`` for a cache that is not a graph output); each other dim where the
+    inputs that know it agree (onnxruntime skips an empty input, so an empty past of another
+    batch does not fail: two different names name neither; an input whose dim is unknown,
+    or only declared as a graph output's, tells nothing). Not for more than
     ``MAX_CONCAT_INPUTS`` inputs (a sum of hundreds of names is costly and names nothing an
     attention reads)."""
     if not 0 < len(node.inputs) <= MAX_CONCAT_INPUTS:
@@ -469,10 +467,12 @@ def _concat_dims(node: ir.Node) -> Dims | None:
     total = _sum([dims[axis] for dims in shapes])
     if total is None:
         return None
+    told = [dims for value, dims in zip(node.inputs, shapes, strict=True)
+            if not value.is_graph_output()]
     out: Dims = []
     for position in range(rank):
-        known = [d[position] for d in shapes if not _unknown(d[position])]
-        out.append(total if position == axis else (known[0] if known else None))
+        known = {d[position] for d in told if not _unknown(d[position])}
+        out.append(total if position == axis else (known.pop() if len(known) == 1 else None))
     return out
 
 

@@ -70,7 +70,7 @@ from fusectl import float64
 from fusectl.errors import BadInputError, first_line
 from fusectl.protowire import encode_model
 
-from .shapeexpr import expression_symbols
+from .shapeexpr import OPAQUE_OPERATORS, expression_symbols
 from .shapes import infer_model_shapes
 
 __all__ = [
@@ -580,7 +580,7 @@ def _check_shapes(runtime: list[ir.Value], options: ValidationOptions,
             expressions.append((name, axis, dim, int(size)))
     known = {n: size for n, (size, _) in sizes.items()}
     for name, axis, dim, size in expressions:
-        if any(op in (dim.value or "") for op in ("/", "%", "**", "^")):
+        if any(op in (dim.value or "") for op in OPAQUE_OPERATORS):
             continue  # a name, not a quotient: symdims does no arithmetic on it either
         symbols = expression_symbols(dim, lambda s, d=dim: s != d.value and s in known)
         if not symbols:
@@ -1557,9 +1557,9 @@ def run_reference(
         notify(f"the input model fails on generated inputs; trying "
                f"{_generated_at(attempt, options)}")
         try:
-            run = _run_reference(reference, attempt, notify)
+            run = _run_reference(reference, attempt, notify, plan_fallbacks=False)
         except _ReferenceFailure as failure:
-            if not failure.fallbacks:
+            if not failure.ran:
                 break  # no other inputs help (the session cannot be created)
             continue
         note = (f"inputs generated with {_generated_at(attempt, options)}: the input model "
@@ -1605,16 +1605,18 @@ def _generated_at(options: ValidationOptions, other: ValidationOptions) -> str:
 
 
 class _ReferenceFailure(Exception):
-    """onnxruntime could not run the reference on generated inputs; ``fallbacks``: the
-    settings whose other inputs may let it run (none when the session cannot be created)."""
+    """onnxruntime could not run the reference on generated inputs; ``ran``: the session was
+    created (other inputs may help); ``fallbacks``: the settings whose other inputs may let
+    it run (planned for the first attempt only, none when the session cannot be created)."""
 
-    def __init__(self, error: BadInputError, fallbacks: list[ValidationOptions]) -> None:
+    def __init__(self, error: BadInputError, ran: bool,
+                 fallbacks: list[ValidationOptions]) -> None:
         super().__init__(str(error))
-        self.error, self.fallbacks = error, fallbacks
+        self.error, self.ran, self.fallbacks = error, ran, fallbacks
 
 
 def _run_reference(reference: ModelSource, options: ValidationOptions,
-                   notify: Progress) -> ReferenceRun:
+                   notify: Progress, plan_fallbacks: bool = True) -> ReferenceRun:
     reference_ir = _load_for_inputs(reference)
     feed_sets = []
     for s in range(options.samples):
@@ -1634,7 +1636,8 @@ def _run_reference(reference: ModelSource, options: ValidationOptions,
             range_sample = len(feed_sets)
             feed_sets.append(feeds)
     dynamic = _dynamic_generated_inputs(reference_ir, options)
-    fallbacks = _distinct_fallbacks(reference_ir, options)  # shapes only: cheap, loaded once
+    # shapes only, from the model loaded once; a fallback attempt plans no further ones
+    fallbacks = _distinct_fallbacks(reference_ir, options) if plan_fallbacks else []
     del reference_ir
     input_shapes = {k: tuple(int(d) for d in np.shape(v)) for k, v in feed_sets[0].items()}
     try:
@@ -1642,10 +1645,11 @@ def _run_reference(reference: ModelSource, options: ValidationOptions,
             reference, feed_sets, repeats=2, label="reference", notify=notify
         )
     except _OrtFailure as e:
+        ran = e.stage != "session creation"
         raise _ReferenceFailure(BadInputError(
             f"onnxruntime cannot run the input model: {_first_line(e.message)}"
             f"{_generated_hint(dynamic, input_shapes)}"
-        ), fallbacks if e.stage != "session creation" else []) from None
+        ), ran, fallbacks if ran else []) from None
     if options.inputs:
         _check_not_vacuous(runs[0][0])
     unstable = []

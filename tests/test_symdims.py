@@ -407,3 +407,22 @@ def test_a_pad_along_given_axes_grows_those() -> None:
         { r = Pad(x, pads, , a1)  y = Relu(r) }"""))
     assert symdims.name_lost_dims(model)
     assert _dims(model, "r") == ["B", "S + 2", 4]
+
+
+def test_a_concat_keeps_only_the_dims_all_its_inputs_agree_on() -> None:
+    """onnxruntime skips an empty input (an empty past of another batch): B and C along a
+    kept axis name neither, while the concatenated axis is still the sum."""
+    model = from_proto(onnx.parser.parse_model("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[B, S] a, float[C, S] b) => (float[?, ?] y)
+        { r = Concat<axis=1>(a, b)  y = Relu(r) }"""))
+    (concat,) = [n for n in model.graph if n.op_type == "Concat"]
+    assert symdims._concat_dims(concat) == [None, "2*S"]
+    # a dim one input leaves unknown does not hide the other's (GPT-J's rotary half)
+    model = from_proto(onnx.parser.parse_model("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[B, S, 4] a, float[B, S, 4] b) => (float[?, ?, ?] y)
+        { r = Concat<axis=1>(a, b)  y = Relu(r) }"""))
+    model.graph.inputs[0].shape = ir.Shape(["B", "S", None])
+    (concat,) = [n for n in model.graph if n.op_type == "Concat"]
+    assert symdims._concat_dims(concat) == ["B", "2*S", 4]
