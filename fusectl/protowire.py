@@ -260,6 +260,7 @@ def without_weights(data: bytes, min_bytes: int = STREAM_MIN_BYTES) -> bytes | N
                 model_parts.append(view[entry:stop])
                 continue
             graph_parts: list[bytes | memoryview] = []
+            hollowed = False
             for g_field, g_wire, g_entry, g_payload, g_stop in _fields(view, payload, stop):
                 hollow = None
                 if g_field == 5 and g_wire == 2 and g_stop - g_payload >= min_bytes:
@@ -268,7 +269,11 @@ def without_weights(data: bytes, min_bytes: int = STREAM_MIN_BYTES) -> bytes | N
                     graph_parts.append(view[g_entry:g_stop])
                 else:
                     graph_parts += [_INITIALIZER_TAG + _varint(len(hollow)), hollow]
-                    stripped = True
+                    hollowed = True
+            if not hollowed:  # no copy of a graph whose weights are elsewhere (Constants)
+                model_parts.append(view[entry:stop])
+                continue
+            stripped = True
             graph = b"".join(graph_parts)
             model_parts += [_GRAPH_TAG + _varint(len(graph)), graph]
     except (ValueError, IndexError):
