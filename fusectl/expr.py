@@ -582,6 +582,22 @@ def _fn_is_static(dims: Any) -> bool:
     return all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) for d in items)
 
 
+def _fn_axis_dim(value: Any, axis: int) -> int | str:
+    """One dim of a value (a size or a symbol), known even where others are not (``shape()``
+    needs them all): the width of a table whose row count the inference lost."""
+    if not is_value(value) or value.shape is None:
+        raise NoMatch("axis_dim() needs a value of known rank")
+    rank = len(value.shape)
+    if isinstance(axis, bool) or not isinstance(axis, int) or not -rank <= axis < rank:
+        raise NoMatch(f"axis {axis} out of range for rank {rank}")
+    dim = value.shape[axis]
+    if isinstance(dim, int):
+        return dim
+    if dim.value is None:
+        raise NoMatch(f"dim {axis} of {value.name} is unknown")
+    return str(dim.value)
+
+
 def _fn_dims(values: Iterable[Any], axis: int) -> np.ndarray:
     """Sizes of several tensors along one axis, as the int64 ``split`` of a Split."""
     sizes = []
@@ -1545,6 +1561,28 @@ def _fn_broadcasts_into(small: Any, big: Any) -> bool:
                for x, y in zip(reversed(a), reversed(b), strict=False))
 
 
+def _fn_batch_source(value: Any) -> Any:
+    """The value to read ``value``'s leading (batch) dim from: the input of the Splits
+    along other axes that ``value`` comes from, else ``value`` itself. A rule that expands
+    a table to the batch reads it there, so the part of a partial rotary (Split, rotate
+    the first part, Concat) is read by the rotation alone and the partial rules can take
+    the Split and Concat away."""
+    if not is_value(value):
+        raise NoMatch("batch_source() needs a value of the match")
+    for _ in range(4):
+        node = value.producer()
+        if node is None or node.op_type != "Split" or node.domain not in ("", "ai.onnx") \
+                or not node.inputs or node.inputs[0] is None:
+            break
+        rank = len(value.shape) if value.shape is not None else None
+        axis = node.attributes.get_int("axis", 0)
+        if rank is None or axis % rank == 0 or node.inputs[0].shape is None \
+                or len(node.inputs[0].shape) != rank:
+            break
+        value = node.inputs[0]
+    return value
+
+
 def _fn_producer_op(value: Any, depth: int = 0) -> str:
     """The op type of the node producing a value, "" for graph inputs and initializers. Input
     side folds use it to leave the affine tail of a decomposed LayerNorm, RMSNorm or GELU
@@ -1607,6 +1645,14 @@ def _fn_repeats_halves(value: Any) -> bool:
     return is_value(value) and repeats_halves(value)
 
 
+def _fn_repeats_pairs(value: Any) -> bool:
+    """Whether an interleaved rotary table's last axis provably holds each angle twice in a
+    row (halves.py): a fused RotaryEmbedding reads only the even elements."""
+    from .halves import repeats_pairs
+
+    return is_value(value) and repeats_pairs(value)
+
+
 def _fn_half_table(table: Any, rank: int) -> np.ndarray:
     """The first half (last axis) of a constant rotary table broadcast as [B|1, 1, S, D],
     [1, S, D] or [S, D]: as [B|1, S, D/2] (``rank`` 3, onnx's RotaryEmbedding) or as rows
@@ -1614,10 +1660,28 @@ def _fn_half_table(table: Any, rank: int) -> np.ndarray:
     array = np.asarray(to_array(table))
     if array.ndim not in (2, 3, 4) or array.shape[-1] % 2:
         raise NoMatch("half_table() needs a [.., S, D] table with an even D")
-    half = array[..., : array.shape[-1] // 2]
-    batch = half.shape[0] if half.ndim == 4 else 1
-    return half.reshape(batch, half.shape[-2], half.shape[-1]) if rank == 3 \
-        else half.reshape(-1, half.shape[-1])
+    return _table_rows(array[..., : array.shape[-1] // 2], rank, 1 if array.ndim == 4 else None)
+
+
+def _fn_pair_table(table: Any, rank: int, heads_axis: int | None) -> np.ndarray:
+    """The even elements (last axis) of a constant interleaved rotary table with the heads'
+    axis ``heads_axis`` of size 1 (None: no such axis), as :func:`_fn_half_table` gives them."""
+    array = np.asarray(to_array(table))
+    if array.ndim not in (2, 3, 4) or array.shape[-1] % 2:
+        raise NoMatch("pair_table() needs a [.., S, D] table with an even D")
+    if heads_axis is not None and array.shape[heads_axis] != 1:
+        raise NoMatch("pair_table() needs the heads' axis to be 1")
+    return _table_rows(array[..., 0::2], rank, heads_axis)
+
+
+def _table_rows(table: np.ndarray, rank: int, heads_axis: int | None) -> np.ndarray:
+    """A rotary table [B|1, S, D/2] (``rank`` 3) or [B*S, D/2] (``rank`` 2), its heads'
+    axis (size 1) dropped."""
+    if heads_axis is not None:
+        table = np.squeeze(table, axis=heads_axis)
+    batch = table.shape[0] if table.ndim == 3 else 1
+    return table.reshape(batch, table.shape[-2], table.shape[-1]) if rank == 3 \
+        else table.reshape(-1, table.shape[-1])
 
 
 def _fn_positions(batch: Any, seq: Any) -> np.ndarray:
@@ -1629,7 +1693,8 @@ def _fn_positions(batch: Any, seq: Any) -> np.ndarray:
 
 
 FAR_REACHING = frozenset({"transpose_ahead", "feeds_heads", "is_finite_mask", "is_finite_scores",
-                          "is_finite_value", "runtime_shape_target", "repeats_halves"})
+                          "is_finite_value", "runtime_shape_target", "repeats_halves",
+                          "repeats_pairs"})
 """Functions that read the graph beyond a value's producer and its readers (several hops
 down or up). Every other function reads only what a match and its inputs' producers and
 readers hold, which lets the rewrite loop re-try a rule only near what changed
@@ -1678,6 +1743,7 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     "box_filter": _fn_box_filter,
     "spatial_pads": _fn_spatial_pads,
     "dims": _fn_dims,
+    "axis_dim": _fn_axis_dim,
     "zeros": _fn_zeros,
     "op_type": _fn_op_type,
     "norm_axes": _fn_norm_axes,
@@ -1718,11 +1784,14 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     "num_outputs": _fn_num_outputs,
     "broadcasts_into": _fn_broadcasts_into,
     "producer_op": _fn_producer_op,
+    "batch_source": _fn_batch_source,
     "is_finite_mask": _fn_is_finite_mask,
     "is_finite_scores": _fn_is_finite_scores,
     "is_finite_value": _fn_is_finite_value,
     "repeats_halves": _fn_repeats_halves,
     "half_table": _fn_half_table,
+    "repeats_pairs": _fn_repeats_pairs,
+    "pair_table": _fn_pair_table,
     "positions": _fn_positions,
     "prod": _fn_prod,
     "is_static": _fn_is_static,

@@ -8,6 +8,13 @@ one value with itself, or is a constant with equal halves, and everything betwee
 multiplication acts on every element alone (Cos, Sin, Cast, a scale) or moves whole rows
 (Unsqueeze, Gather of positions, a Reshape keeping the last dim). Anything else is "not
 proven", never a guess.
+
+Interleaved rotary embeddings (GPT-J, CodeGen, Cohere) rotate adjacent pairs instead, with
+tables ``repeat_interleave(cos(freqs), 2)``: every angle twice in a row, ``t[..., 2i] ==
+t[..., 2i + 1]``. ``repeats_pairs`` proves that the same way; it is a property of the flat
+(row-major) order whenever the last dim is even, so a Reshape between even last dims keeps
+it, and ``Tile``/``Expand``/``Concat`` of a last dim of 1 to an even one (the exporters'
+spelling of ``repeat_interleave``) creates it.
 """
 
 from __future__ import annotations
@@ -31,43 +38,63 @@ _ELEMENTWISE_BINARY = frozenset({"Mul", "Div", "Add", "Sub", "Pow", "Max", "Min"
 def repeats_halves(value: ir.Value) -> bool:
     """Whether ``value``'s last axis has an even, static length and its second half always
     equals its first, whatever the graph inputs are."""
+    return _even_last(value) and _proven(value, [MAX_NODES], pairs=False)
+
+
+def repeats_pairs(value: ir.Value) -> bool:
+    """Whether ``value``'s last axis has an even, static length and each element at an even
+    index always equals the next one (``t[..., 2i] == t[..., 2i + 1]``)."""
+    return _even_last(value) and _proven(value, [MAX_NODES], pairs=True)
+
+
+def _even_last(value: ir.Value) -> bool:
     rank = _rank(value)
     if rank is None or rank == 0:
         return False
     last = _dim(value, -1)
-    if not isinstance(last, int) or last % 2:
-        return False
-    return _proven(value, [MAX_NODES])
+    return isinstance(last, int) and last % 2 == 0
 
 
-def _proven(value: ir.Value, budget: list[int]) -> bool:
+def _proven(value: ir.Value, budget: list[int], *, pairs: bool) -> bool:
     budget[0] -= 1
     if budget[0] < 0:
         return False
     tensor = _const_tensor(value)
     if tensor is not None:
-        array = tensor.numpy()
-        if array.ndim == 0 or array.shape[-1] % 2:
-            return False
-        half = array.shape[-1] // 2
-        return bool(np.array_equal(array[..., :half], array[..., half:], equal_nan=True))
+        return _constant_repeats(tensor.numpy(), pairs)
     node = value.producer()
     if node is None or node.domain not in ("", "ai.onnx"):
         return False
     op = node.op_type
-    if op == "Concat":
-        return _concat_of_twins(node)
     if op in _ELEMENTWISE_UNARY:
-        return _same_last_dim(node.inputs[0], value) and _proven(node.inputs[0], budget)
+        return _same_last_dim(node.inputs[0], value) and _proven(node.inputs[0], budget,
+                                                                  pairs=pairs)
     if op in _ELEMENTWISE_BINARY:
-        return all(_operand_proven(operand, value, budget) for operand in node.inputs)
+        return all(_operand_proven(operand, value, budget, pairs) for operand in node.inputs)
+    if op in ("Concat", "Tile", "Expand") and _repeats_last_axis(node, value, pairs):
+        return True
     if _keeps_last_axis(node, value):
-        return _proven(node.inputs[0], budget)
+        return _proven(node.inputs[0], budget, pairs=pairs)
+    if pairs and op in ("Reshape", "Flatten") and _even_last(node.inputs[0]):
+        # The pairs are pairs of the flat order; both last dims even keeps them aligned.
+        return _proven(node.inputs[0], budget, pairs=True)
+    if pairs and op == "Gather":
+        return _gathers_pairs(node)
     return False
 
 
-def _operand_proven(operand: ir.Value | None, result: ir.Value, budget: list[int]) -> bool:
-    """An operand of an elementwise op keeps the halves equal when it has them itself or is
+def _constant_repeats(array: np.ndarray, pairs: bool) -> bool:
+    if array.ndim == 0 or array.shape[-1] % 2:
+        return False
+    if pairs:
+        return bool(np.array_equal(array[..., 0::2], array[..., 1::2], equal_nan=True))
+    half = array.shape[-1] // 2
+    return bool(np.array_equal(array[..., :half], array[..., half:], equal_nan=True))
+
+
+def _operand_proven(operand: ir.Value | None, result: ir.Value, budget: list[int],
+                    pairs: bool) -> bool:
+    """An operand of an elementwise op keeps the repeats when it has them itself or is
     the same along the result's last axis (a scalar scale, a last dim of 1)."""
     if operand is None:
         return False
@@ -76,16 +103,48 @@ def _operand_proven(operand: ir.Value | None, result: ir.Value, budget: list[int
         return False
     if rank == 0 or _dim(operand, -1) == 1:
         return True
-    return _same_last_dim(operand, result) and _proven(operand, budget)
+    return _same_last_dim(operand, result) and _proven(operand, budget, pairs=pairs)
 
 
-def _concat_of_twins(node: ir.Node) -> bool:
-    """``Concat(a, a)`` along the last axis."""
-    if len(node.inputs) != 2 or node.inputs[0] is None or node.inputs[0] is not node.inputs[1]:
+def _repeats_last_axis(node: ir.Node, value: ir.Value, pairs: bool) -> bool:
+    """The op itself writes the repeats along the last axis. Halves: ``Concat(a, a)`` or a
+    Tile by 2. Pairs: a last dim of 1 stacked, tiled or broadcast to an even one (the
+    exporters' ``repeat_interleave``, whose Reshape then merges that axis)."""
+    data = node.inputs[0] if node.inputs else None
+    rank = _rank(value)
+    if data is None or rank is None or _rank(data) != rank:
         return False
-    rank = _rank(node.inputs[0])
-    axis = node.attributes.get_int("axis", 0)
-    return rank is not None and axis in (-1, rank - 1)
+    if pairs and _dim(data, -1) != 1:
+        return False
+    op = node.op_type
+    if op == "Concat":
+        axis = node.attributes.get_int("axis", 0)
+        return axis in (-1, rank - 1) and len(node.inputs) == 2 and node.inputs[1] is data
+    if op == "Tile":
+        repeats = _const_tensor(node.inputs[1]) if len(node.inputs) > 1 \
+            and node.inputs[1] is not None else None
+        if repeats is None or repeats.numpy().size != rank:
+            return False
+        last = int(repeats.numpy().reshape(-1)[-1])
+        return last % 2 == 0 if pairs else last == 2 and isinstance(_dim(data, -1), int)
+    return op == "Expand" and pairs  # 1 broadcast to the value's even last dim
+
+
+def _gathers_pairs(node: ir.Node) -> bool:
+    """A Gather along the last axis by constant indices that come in equal pairs."""
+    data, indices = (node.inputs[0], node.inputs[1]) if len(node.inputs) == 2 else (None, None)
+    rank = _rank(data) if data is not None else None
+    table = _const_tensor(indices) if indices is not None else None
+    if rank is None or table is None:
+        return False
+    if node.attributes.get_int("axis", 0) not in (-1, rank - 1):
+        return False
+    last = _dim(data, -1)
+    ids = table.numpy()
+    if not isinstance(last, int) or ids.ndim == 0 or ids.shape[-1] % 2:
+        return False
+    ids = np.where(ids < 0, ids + last, ids)
+    return bool(np.array_equal(ids[..., 0::2], ids[..., 1::2]))
 
 
 def _keeps_last_axis(node: ir.Node, value: ir.Value) -> bool:

@@ -476,6 +476,23 @@ def _concat_dims(node: ir.Node) -> Dims | None:
     return out
 
 
+def _tile_dims(node: ir.Node) -> Dims | None:
+    """Tile's output: each dim times its constant repeat (onnx's inference forgets named
+    dims even where the repeat is 1: ``repeat_interleave`` exported as Unsqueeze + Tile)."""
+    if len(node.inputs) != 2 or node.inputs[0] is None or node.inputs[1] is None:
+        return None
+    data_dims = _dims(node.inputs[0].shape)
+    try:
+        repeats = _const_ints(node, 1).entries
+    except NoMatch:
+        return None
+    if data_dims is None or len(repeats) != len(data_dims) or min(repeats, default=0) < 0:
+        return None
+    return [dim if count == 1 else None if _unknown(dim)
+            else _product(symbolic_product([dim, count]))
+            for dim, count in zip(data_dims, repeats, strict=True)]
+
+
 def _is_plain_int(entry: Entry) -> bool:
     return isinstance(entry, int) and not isinstance(entry, bool)
 
@@ -489,6 +506,7 @@ _COMPUTED: dict[str, Callable[[ir.Node], Dims | None]] = {
     "Flatten": _flatten_dims,
     "Pad": _pad_dims,
     "Concat": _concat_dims,
+    "Tile": _tile_dims,
 }
 
 

@@ -1,5 +1,6 @@
-"""Rotary embeddings: the table proofs of halves.py (repeats_halves, half_table, positions)
-and a Llama-style attention block whose q/k rotations and attention fuse on both targets."""
+"""Rotary embeddings: the table proofs of halves.py (repeats_halves, repeats_pairs,
+half_table, pair_table, positions, batch_source, axis_dim) and Llama- and GPT-J-style
+attention blocks whose q/k rotations and attention fuse on both targets."""
 
 from __future__ import annotations
 
@@ -8,12 +9,13 @@ from collections import Counter
 import numpy as np
 import onnx
 import onnx.parser
+import onnx_ir as ir
 import pytest
 from onnx import numpy_helper
 
 import fusectl
 from fusectl import expr
-from fusectl.halves import MAX_NODES, repeats_halves
+from fusectl.halves import MAX_NODES, repeats_halves, repeats_pairs
 from fusectl.modelio import from_proto
 
 HEAD = '<ir_version: 8, opset_import: ["" : 17]>\n'
@@ -127,6 +129,76 @@ def test_half_table_and_positions() -> None:
         expr.FUNCTIONS["positions"]("B", 3)
     with pytest.raises(expr.NoMatch):
         expr.FUNCTIONS["half_table"](np.zeros((2, 3)), 3)
+
+
+# repeat_interleave as the exporters write it: a last dim of 1 tiled, expanded or stacked
+# to 2, merged by a Reshape; a Gather of paired indices; constants checked by value.
+PAIRS = """g (float[B,S,4] f, float[2,6,8] t) => (float[B,S,8] c)
+    <int64[1] m1 = {-1}, int64[4] rep = {1, 1, 1, 2}, int64[4] ex = {1, 1, 1, 2},
+     int64[3] flat = {0, 0, 8}, int64[3] rep3 = {1, 1, 2}, int64[2] u24 = {2, 4},
+     int64[5] rep5 = {1, 1, 1, 1, 2}, int64[4] tsh = {0, 0, 1, -1}, float k = {0.5},
+     int64[8] pairs = {0, 0, 1, 1, 2, 2, 3, 3}, int64[8] spread = {0, 1, 2, 3, 0, 1, 2, 3},
+     int64[8] neg = {0, -4, 1, 1, 2, 2, 3, 3}, float[2,4] same = {1, 1, 2, 2, 3, 3, 4, 4},
+     float[2,4] differ = {1, 1, 2, 3, 3, 3, 4, 4}, int64[2] cut = {0, 4}>
+    {
+      fu = Unsqueeze(f, m1)  tiled = Tile(fu, rep)  c = Reshape(tiled, flat)
+      expanded = Expand(fu, ex)  ce = Reshape(expanded, flat)  cos = Cos(ce)  scaled = Mul(cos, k)
+      stacked = Concat<axis=-1>(fu, fu)  cs = Reshape(stacked, flat)
+      f5 = Unsqueeze(f, u24)  t5 = Tile(f5, rep5)  c4 = Reshape(t5, tsh)
+      gathered = Gather<axis=-1>(f, pairs)  halves = Concat<axis=-1>(f, f)  flat_f = Tile(f, rep3)
+      spread_g = Gather<axis=-1>(f, spread)  neg_g = Gather<axis=-1>(f, neg)
+      mixed = Concat<axis=-1>(fu, stacked)  g2 = Gather(same, cut)
+    }"""
+
+
+@pytest.mark.parametrize("name", [
+    "c", "ce", "cos", "scaled", "cs", "c4", "gathered", "same", "g2",
+    "tiled",  # [B, S, 4, 2]: each row of 2 is one value twice
+    "neg_g",  # -4 is index 0 of 4: the indices pair up once normalized
+])
+def test_interleaved_tables_are_proven(name: str) -> None:
+    assert repeats_pairs(_values(PAIRS)[name])
+
+
+@pytest.mark.parametrize("name", [
+    "halves",  # Concat(f, f): the halves repeat, not the pairs
+    "flat_f",  # Tile by 2 of a wide last axis: the halves again
+    "spread_g", "differ", "t", "f", "mixed",
+])
+def test_interleaved_tables_not_proven(name: str) -> None:
+    assert not repeats_pairs(_values(PAIRS)[name])
+
+
+def test_tiling_by_two_proves_the_halves() -> None:
+    assert repeats_halves(_values(PAIRS)["flat_f"])
+    assert not repeats_halves(_values(PAIRS)["c"])  # each value twice in a row
+
+
+def test_pair_table_batch_source_and_axis_dim() -> None:
+    table = np.repeat(np.arange(12.0).reshape(2, 3, 1, 2), 2, axis=-1)  # [B, S, 1, D]
+    np.testing.assert_array_equal(expr.FUNCTIONS["pair_table"](table, 3, 2),
+                                  np.arange(12.0).reshape(2, 3, 2))
+    np.testing.assert_array_equal(expr.FUNCTIONS["pair_table"](table, 2, 2),
+                                  np.arange(12.0).reshape(6, 2))
+    with pytest.raises(expr.NoMatch):  # the heads' axis must be 1
+        expr.FUNCTIONS["pair_table"](table, 3, 1)
+    values = _values("""g (float[B,S,4,16] x) => (float[B,S,4,8] a)
+        <int64[2] parts = {8, 8}, int64[3] flat = {0, -1, 32}>
+        { a, b = Split<axis=-1>(x, parts)  r = Reshape(a, flat)
+          c, d = Split<axis=0>(x, parts) }""")
+    batch_source = expr.FUNCTIONS["batch_source"]
+    assert batch_source(values["a"]) is values["x"]  # split along the heads' last axis
+    assert batch_source(values["c"]) is values["c"]  # split along the batch itself
+    assert batch_source(values["r"]) is values["r"]
+    axis_dim = expr.FUNCTIONS["axis_dim"]
+    values["r"].shape = ir.Shape(["B", None, 32])  # a row count the inference lost
+    with pytest.raises(expr.NoMatch):
+        expr.FUNCTIONS["shape"](values["r"])
+    assert axis_dim(values["r"], -1) == 32 and axis_dim(values["x"], 0) == "B"
+    with pytest.raises(expr.NoMatch):
+        axis_dim(values["r"], 1)
+    with pytest.raises(expr.NoMatch):
+        axis_dim(values["r"], 3)
 
 
 HEADS = """
@@ -264,3 +336,60 @@ def test_grouped_query_attention_reads_the_kv_heads_on_opset_23() -> None:
     assert result.validation.passed
     assert ops["Attention"] == 1 and ops["RotaryEmbedding"] == 2
     assert ops["Expand"] == 0 and ops["Softmax"] == 0
+
+
+def _gptj_block(batch: int | str, seq: int | str) -> onnx.ModelProto:
+    """One GPT-J attention: [B, S, H, D] heads whose first 4 of 8 dims rotate in pairs
+    (rotate_every_two), tables gathered by position from a sin|cos cache and repeated by
+    repeat_interleave (Unsqueeze + Tile + Reshape, as the TorchScript exporter writes it),
+    the heads transposed only for the attention."""
+    text = f"""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[{batch},{seq},32] h, int64[{batch},{seq}] pos) => (float[{batch},{seq},32] out)
+    <float[32,32] wq, float[32,32] wk, float[32,32] wv, float[16,4] cache,
+     int64[4] heads = {{0, 0, 4, 8}}, int64[3] merged = {{0, 0, 32}}, int64[2] halves = {{2, 2}},
+     int64[2] parts = {{4, 4}}, int64[2] u24 = {{2, 4}}, int64[5] rep = {{1, 1, 1, 1, 2}},
+     int64[4] tsh = {{0, 0, 1, -1}}, int64[1] m1 = {{-1}}, int64[1] z = {{0}},
+     int64[1] o = {{1}}, int64[1] big = {{9223372036854775807}}, int64[1] ax = {{3}},
+     int64[1] st = {{2}}, int64[4] back = {{0, 0, 4, -1}}, float scale = {{0.35355339}}>
+    {{
+      g = Gather(cache, pos)  sn, cs = Split<axis=-1>(g, halves)
+      su = Unsqueeze(sn, u24)  cu = Unsqueeze(cs, u24)  s5 = Tile(su, rep)  c5 = Tile(cu, rep)
+      s = Reshape(s5, tsh)  c = Reshape(c5, tsh)
+      q = MatMul(h, wq)  k = MatMul(h, wk)  v = MatMul(h, wv)
+      q4 = Reshape(q, heads)  k4 = Reshape(k, heads)  v4 = Reshape(v, heads)
+      qr, qp = Split<axis=-1>(q4, parts)  kr, kp = Split<axis=-1>(k4, parts)
+      qe = Slice(qr, z, big, ax, st)  qo = Slice(qr, o, big, ax, st)  qn = Neg(qo)
+      qnu = Unsqueeze(qn, m1)  qeu = Unsqueeze(qe, m1)  qst = Concat<axis=-1>(qnu, qeu)
+      qrot = Reshape(qst, back)  qa = Mul(qr, c)  qb = Mul(qrot, s)  qy = Add(qa, qb)
+      ke = Slice(kr, z, big, ax, st)  ko = Slice(kr, o, big, ax, st)  kn = Neg(ko)
+      knu = Unsqueeze(kn, m1)  keu = Unsqueeze(ke, m1)  kst = Concat<axis=-1>(knu, keu)
+      krot = Reshape(kst, back)  ka = Mul(kr, c)  kb = Mul(krot, s)  ky = Add(ka, kb)
+      qf = Concat<axis=-1>(qy, qp)  kf = Concat<axis=-1>(ky, kp)
+      qt = Transpose<perm=[0,2,1,3]>(qf)  kt = Transpose<perm=[0,2,3,1]>(kf)
+      vt = Transpose<perm=[0,2,1,3]>(v4)
+      sc = MatMul(qt, kt)  ss = Mul(sc, scale)  p = Softmax<axis=-1>(ss)  a = MatMul(p, vt)
+      at = Transpose<perm=[0,2,1,3]>(a)  out = Reshape(at, merged)
+    }}"""
+    model = _with_weights(onnx.parser.parse_model(text),
+                          {"wq": (32, 32), "wk": (32, 32), "wv": (32, 32)})
+    angles = np.arange(16)[:, None] * (1.0 / 10000 ** (np.arange(0, 4, 2) / 4))[None]
+    cache = np.concatenate([np.sin(angles), np.cos(angles)], axis=-1).astype(np.float32)
+    model.graph.initializer.append(numpy_helper.from_array(cache, "cache"))
+    return model
+
+
+@pytest.mark.parametrize(("batch", "seq"), [("B", "S"), (2, 6)])
+@pytest.mark.parametrize(("target", "opset", "attention"),
+                         [("onnxruntime", None, "MultiHeadAttention"), ("onnx", 23, "Attention")])
+def test_gptj_interleaved_partial_rotary_fuses(batch, seq, target, opset, attention) -> None:
+    result = fusectl.optimize(from_proto(_gptj_block(batch, seq)), target=target, opset=opset)
+    ops = Counter(n.op_type for n in result.model.graph)
+    assert result.validation.passed
+    assert ops["RotaryEmbedding"] == 2 and ops[attention] == 1
+    # a per-batch table read by position: the ids of a dynamic batch are built at run time
+    shape_concats = 1 if target == "onnxruntime" and batch == "B" else 0
+    assert ops["Neg"] == 0 and ops["Split"] <= 1 and ops["Concat"] == shape_concats
+    for rotary in (n for n in result.model.graph if n.op_type == "RotaryEmbedding"):
+        assert rotary.attributes["interleaved"].value == 1
+        assert rotary.attributes["rotary_embedding_dim"].value == 4
