@@ -7,8 +7,8 @@ random weights from a fixed seed). Each architecture is exported by the TorchScr
 dynamic batch only), as ``NAME.dyn.onnx``, and by the dynamo exporter with fixed shapes, as
 ``NAME.dynamo.onnx``; ``--half`` exports them in float16 instead, as ``NAME.dyn.fp16.onnx``
 and ``NAME.dynamo.fp16.onnx``. Text models (and decoder stacks read without a cache: Gemma,
-Phi-3, GPT-J, Falcon...) read ``input_ids`` and ``attention_mask`` [2, 16]; vision models
-``pixel_values`` [2, 3, 64, 64]; speech models ``input_values`` [2, 1600] (wav2vec2,
+Phi-3, GPT-J, CodeGen, Cohere, Falcon...) read ``input_ids`` and ``attention_mask`` [2, 16];
+vision models ``pixel_values`` [2, 3, 64, 64]; speech models ``input_values`` [2, 1600] (wav2vec2,
 HuBERT) or Whisper's encoder ``input_features`` [2, 80, 64]. Attention is torch's sdpa where
 the architecture has it, else its eager code.
 
@@ -71,6 +71,27 @@ CONFIGS = {
              "text"),
     "gptj": ("GPTJConfig", "GPTJModel", dict(n_embd=128, n_head=4, n_layer=2, rotary_dim=16,
                                              vocab_size=512, n_positions=128), "text"),
+    # interleaved rotary: GPT-J's [B, S, H, D] heads (CodeGen), Cohere's [B, H, S, D] ones
+    "codegen": ("CodeGenConfig", "CodeGenModel", dict(n_embd=128, n_head=4, n_layer=2,
+                                                      rotary_dim=16, vocab_size=512,
+                                                      n_positions=128, n_ctx=128), "text"),
+    "cohere": ("CohereConfig", "CohereModel", dict(TEXT, num_key_value_heads=2, pad_token_id=0),
+               "text"),
+    "opt": ("OPTConfig", "OPTModel", dict(hidden_size=128, num_attention_heads=4,
+                                          num_hidden_layers=2, ffn_dim=256, vocab_size=512,
+                                          max_position_embeddings=128, word_embed_proj_dim=128),
+            "text"),
+    "gpt-neo": ("GPTNeoConfig", "GPTNeoModel", dict(hidden_size=128, num_heads=4, num_layers=2,
+                                                    attention_types=[[["global", "local"], 1]],
+                                                    window_size=8, vocab_size=512,
+                                                    max_position_embeddings=128), "text"),
+    "esm": ("EsmConfig", "EsmModel", dict(TEXT, position_embedding_type="rotary",
+                                          pad_token_id=1, mask_token_id=2), "text"),
+    "persimmon": ("PersimmonConfig", "PersimmonModel", dict(TEXT, partial_rotary_factor=0.5),
+                  "text"),
+    "mixtral": ("MixtralConfig", "MixtralModel", dict(TEXT, num_key_value_heads=2,
+                                                      num_local_experts=4,
+                                                      num_experts_per_tok=2), "text"),
     "falcon": ("FalconConfig", "FalconModel", dict(hidden_size=128, num_attention_heads=4,
                                                    num_hidden_layers=2, vocab_size=512), "text"),
     "stablelm": ("StableLmConfig", "StableLmModel", dict(TEXT, num_key_value_heads=4), "text"),

@@ -75,8 +75,10 @@ def _proven(value: ir.Value, budget: list[int], *, pairs: bool) -> bool:
         return True
     if _keeps_last_axis(node, value):
         return _proven(node.inputs[0], budget, pairs=pairs)
-    if pairs and op in ("Reshape", "Flatten") and _even_last(node.inputs[0]):
-        # The pairs are pairs of the flat order; both last dims even keeps them aligned.
+    if pairs and op in ("Reshape", "Flatten") \
+            and _even_width(_built_last(node.inputs[0], [MAX_NODES])):
+        # The pairs are pairs of the flat order; both last dims even keeps them aligned. The
+        # input's width is read from the ops that build it, never from a declared shape.
         return _proven(node.inputs[0], budget, pairs=True)
     if pairs and op == "Gather":
         return _gathers_pairs(node)
@@ -114,8 +116,9 @@ def _repeats_last_axis(node: ir.Node, value: ir.Value, pairs: bool) -> bool:
     rank = _rank(value)
     if data is None or rank is None or _rank(data) != rank:
         return False
-    if pairs and _dim(data, -1) != 1:
-        return False
+    if pairs and (_built_last(data, [MAX_NODES]) != 1
+                  or not _even_width(_built_last(value, [MAX_NODES]))):
+        return False  # a last dim of 1 made even, both read from the ops, not declarations
     op = node.op_type
     if op == "Concat":
         axis = node.attributes.get_int("axis", 0)
@@ -128,6 +131,55 @@ def _repeats_last_axis(node: ir.Node, value: ir.Value, pairs: bool) -> bool:
         last = int(repeats.numpy().reshape(-1)[-1])
         return last % 2 == 0 if pairs else last == 2 and isinstance(_dim(data, -1), int)
     return op == "Expand" and pairs  # 1 broadcast to the value's even last dim
+
+
+def _even_width(width: int | None) -> bool:
+    return isinstance(width, int) and width > 0 and width % 2 == 0
+
+
+def _built_last(value: ir.Value | None, budget: list[int]) -> int | None:
+    """The last dim of ``value`` as the ops that build it set it (a constant's shape, an
+    Unsqueeze of the last axis, constant Tile repeats and Expand targets, Concat, ops that
+    keep the shape), or None. A declared dim that inference could not recompute is a claim
+    nobody checks: a stale [8, M, 2] on a tensor that is [8, 16, 1] at run time would prove
+    pairs that are not there."""
+    budget[0] -= 1
+    if value is None or budget[0] < 0:
+        return None
+    tensor = _const_tensor(value)
+    if tensor is not None:
+        return int(tensor.shape[-1]) if len(tensor.shape) else None
+    node = value.producer()
+    rank = _rank(value)
+    if node is None or rank is None or rank == 0 or node.domain not in ("", "ai.onnx"):
+        return None
+    op, data = node.op_type, node.inputs[0] if node.inputs else None
+    if op in _ELEMENTWISE_UNARY:
+        return _built_last(data, budget)
+    if op == "Unsqueeze":
+        axes = node.attributes.get_ints("axes", None)
+        if axes is None and len(node.inputs) > 1 and node.inputs[1] is not None:
+            table = _const_tensor(node.inputs[1])
+            axes = None if table is None else [int(a) for a in table.numpy().reshape(-1)]
+        if axes is None:
+            return None
+        return 1 if rank - 1 in {a % rank for a in axes} else _built_last(data, budget)
+    entries = _const_ints(node.inputs[1]) if op in ("Tile", "Expand") \
+        and len(node.inputs) == 2 else None
+    if op == "Tile" and entries:
+        width = _built_last(data, budget)
+        return None if width is None else width * entries[-1]
+    if op == "Expand" and entries and entries[-1] >= 0:
+        return entries[-1] if entries[-1] != 1 else _built_last(data, budget)
+    if op == "Concat" and node.attributes.get_int("axis", 0) in (-1, rank - 1):
+        widths = [_built_last(v, budget) for v in node.inputs]
+        return None if None in widths else sum(widths)  # type: ignore[arg-type]
+    return None
+
+
+def _const_ints(value: ir.Value | None) -> list[int] | None:
+    tensor = _const_tensor(value) if value is not None else None
+    return None if tensor is None else [int(v) for v in tensor.numpy().reshape(-1)]
 
 
 def _gathers_pairs(node: ir.Node) -> bool:

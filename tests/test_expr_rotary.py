@@ -393,3 +393,27 @@ def test_gptj_interleaved_partial_rotary_fuses(batch, seq, target, opset, attent
     for rotary in (n for n in result.model.graph if n.op_type == "RotaryEmbedding"):
         assert rotary.attributes["interleaved"].value == 1
         assert rotary.attributes["rotary_embedding_dim"].value == 4
+
+
+def test_pairs_are_not_proven_from_a_stale_declared_width() -> None:
+    """t is declared [8, M, 2] but is [8, M, 16/M] at run time (the Expand target is computed):
+    the pairs proof reads widths from the ops that build them, so nothing fuses (the
+    validator's M = 8 makes the declaration true and could not tell; M = 16 breaks it)."""
+    model = onnx.parser.parse_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[2,8,4,16] x, float[8,M] f) => (float[2,8,4,16] y)
+    <int64[1] m1 = {-1}, int64[1] z = {0}, int64[1] o = {1}, int64[1] big = {9223372036854775807},
+     int64[1] ax = {3}, int64[1] st = {2}, int64[4] back = {0, 0, 0, -1}, int64[1] eight = {8},
+     int64[1] sixteen = {16}, int64[1] two = {2}, int64[4] tsh = {1, 8, 1, 16}>
+    {
+      sf = Shape(f)  mm = Slice(sf, o, two)  kk = Div(sixteen, mm)
+      es = Concat<axis=0>(eight, mm, kk)
+      fu = Unsqueeze(f, m1)  t = Expand(fu, es)  e = Reshape(t, tsh)  c = Cos(e)  s = Sin(e)
+      xe = Slice(x, z, big, ax, st)  xo = Slice(x, o, big, ax, st)  n = Neg(xo)
+      nu = Unsqueeze(n, m1)  eu = Unsqueeze(xe, m1)  k = Concat<axis=-1>(nu, eu)
+      r = Reshape(k, back)  a = Mul(x, c)  b = Mul(r, s)  y = Add(a, b)
+    }""")
+    model.graph.value_info.append(onnx.helper.make_tensor_value_info("t", 1, [8, "M", 2]))
+    for target, opset in (("onnxruntime", None), ("onnx", 23)):
+        result = fusectl.optimize(from_proto(model), target=target, opset=opset, check=False)
+        assert result.ops_after["RotaryEmbedding"] == 0, target
