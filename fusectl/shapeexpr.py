@@ -272,8 +272,8 @@ class _Evaluator:
     def _named_arithmetic(self, op: str, a: ShapeTensor, b: ShapeTensor,
                           result: ShapeTensor) -> ShapeTensor:
         """``result`` (``op`` of ``a`` and ``b``) with the entries it left unknown named where
-        they are a sum of two named dims (a mask over past + new tokens:
-        ``past_sequence_length + sequence_length``), a product of named dims and positive
+        they are 0 (a named dim less itself), a sum of two named dims (a mask over past + new
+        tokens: ``past_sequence_length + sequence_length``), a product of named dims and positive
         integers (BLOOM's ``batch_size * num_heads``: ``4*batch_size``), or such a product
         divided exactly (``4*batch_size / 4`` is ``batch_size``)."""
         if a.dtype not in _INT_RANGES:
@@ -282,7 +282,11 @@ class _Evaluator:
         for index, (x, y) in enumerate(_broadcast_pairs(a, b)):
             if entries[index] is not None:
                 continue
-            name = _combine(op, self._factor(x), self._factor(y))
+            first, second = self._factor(x), self._factor(y)
+            if op == "Sub" and isinstance(first, str) and first == second:
+                entries[index] = 0  # a named dim less itself (GPT-Neo's key minus query length)
+                continue
+            name = _combine(op, first, second)
             if name is not None:
                 axis = self.axis_of_name.get(name)
                 entries[index] = Dim(axis) if axis is not None else Named(name)

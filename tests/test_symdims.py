@@ -426,3 +426,25 @@ def test_a_concat_keeps_only_the_dims_all_its_inputs_agree_on() -> None:
     model.graph.inputs[0].shape = ir.Shape(["B", "S", None])
     (concat,) = [n for n in model.graph if n.op_type == "Concat"]
     assert symdims._concat_dims(concat) == ["B", "2*S", 4]
+
+
+@pytest.mark.parametrize(("key", "expected"), [("seq", "seq"), ("past", None)])
+def test_a_causal_window_from_a_named_dim_less_itself(key: str, expected: str | None) -> None:
+    """GPT-Neo's mask buffer[:, :, L - S : L, :L]: with the key as long as the query (both
+    ``seq``) the window starts at 0 and is ``seq`` long; a key of another length names
+    nothing."""
+    model = from_proto(onnx.parser.parse_model(f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[batch,seq,8] q, float[batch,{key},8] k) => (int64[4] y)
+        <float[1,1,16,16] buf, int64[1] a1 = {{1}}, int64[1] a2 = {{2}}, int64[1] z = {{0}},
+         int64[1] a3 = {{3}}>
+        {{
+          sq = Shape(q)  sk = Shape(k)  lq = Slice(sq, a1, a2)  lk = Slice(sk, a1, a2)
+          st = Sub(lk, lq)  w = Slice(buf, st, lk, a2)  r = Slice(w, z, lk, a3)  y = Shape(r)
+        }}"""))
+    symdims.name_lost_dims(model)
+    dims = _dims(model, "r")
+    if expected is None:
+        assert dims[2] is None or is_minted(dims[2])
+    else:
+        assert dims == [1, 1, expected, expected]
