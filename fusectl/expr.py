@@ -1669,6 +1669,9 @@ def _fn_pair_table(table: Any, rank: int, heads_axis: int | None) -> np.ndarray:
     array = np.asarray(to_array(table))
     if array.ndim not in (2, 3, 4) or array.shape[-1] % 2:
         raise NoMatch("pair_table() needs a [.., S, D] table with an even D")
+    if heads_axis is not None and (isinstance(heads_axis, bool) or not isinstance(
+            heads_axis, int) or not -array.ndim <= heads_axis < array.ndim):
+        raise NoMatch(f"pair_table(): heads axis {heads_axis!r} is no axis of rank {array.ndim}")
     if heads_axis is not None and array.shape[heads_axis] != 1:
         raise NoMatch("pair_table() needs the heads' axis to be 1")
     return _table_rows(array[..., 0::2], rank, heads_axis)

@@ -23,6 +23,7 @@ import numpy as np
 import onnx_ir as ir
 
 from .expr import NoMatch, _const_tensor, _shape_of_known_rank
+from .shapeexpr import _ints
 
 MAX_NODES = 32
 """Producers visited per question: the tables are built by a handful of ops; a hostile graph
@@ -124,12 +125,10 @@ def _repeats_last_axis(node: ir.Node, value: ir.Value, pairs: bool) -> bool:
         axis = node.attributes.get_int("axis", 0)
         return axis in (-1, rank - 1) and len(node.inputs) == 2 and node.inputs[1] is data
     if op == "Tile":
-        repeats = _const_tensor(node.inputs[1]) if len(node.inputs) > 1 \
-            and node.inputs[1] is not None else None
-        if repeats is None or repeats.numpy().size != rank:
+        repeats = _constant_list(node, "")
+        if repeats is None or len(repeats) != rank:
             return False
-        last = int(repeats.numpy().reshape(-1)[-1])
-        return last % 2 == 0 if pairs else last == 2 and isinstance(_dim(data, -1), int)
+        return repeats[-1] % 2 == 0 if pairs else repeats[-1] == 2
     return op == "Expand" and pairs  # 1 broadcast to the value's even last dim
 
 
@@ -157,14 +156,11 @@ def _built_last(value: ir.Value | None, budget: list[int]) -> int | None:
     if op in _ELEMENTWISE_UNARY:
         return _built_last(data, budget)
     if op == "Unsqueeze":
-        axes = node.attributes.get_ints("axes", None)
-        if axes is None and len(node.inputs) > 1 and node.inputs[1] is not None:
-            table = _const_tensor(node.inputs[1])
-            axes = None if table is None else [int(a) for a in table.numpy().reshape(-1)]
+        axes = _constant_list(node, "axes")
         if axes is None:
             return None
         return 1 if rank - 1 in {a % rank for a in axes} else _built_last(data, budget)
-    entries = _const_ints(node.inputs[1]) if op in ("Tile", "Expand") \
+    entries = _constant_list(node, "") if op in ("Tile", "Expand") \
         and len(node.inputs) == 2 else None
     if op == "Tile" and entries:
         width = _built_last(data, budget)
@@ -177,9 +173,13 @@ def _built_last(value: ir.Value | None, budget: list[int]) -> int | None:
     return None
 
 
-def _const_ints(value: ir.Value | None) -> list[int] | None:
-    tensor = _const_tensor(value) if value is not None else None
-    return None if tensor is None else [int(v) for v in tensor.numpy().reshape(-1)]
+def _constant_list(node: ir.Node, attribute: str) -> list[int] | None:
+    """The constant ints of ``node``'s attribute, or else of its second input (Unsqueeze's
+    axes, Tile's repeats, Expand's target), or None."""
+    try:
+        return _ints(node, attribute, 1)
+    except NoMatch:
+        return None
 
 
 def _gathers_pairs(node: ir.Node) -> bool:

@@ -696,19 +696,18 @@ def _bound_dims(runtime: list[ir.Value], shapes: Mapping[str, Sequence[int]]
     return bound
 
 
-def _generated_shapes(model: ir.Model, options: ValidationOptions, fixed: bool = True
+def _generated_shapes(model: ir.Model, options: ValidationOptions
                       ) -> tuple[tuple[int, ...], ...]:
-    """The shapes ``generate_inputs`` gives the inputs it generates: two settings that give
-    the same ones are one attempt. ``fixed=False`` leaves out the inputs whose shape the user
-    gave (a fallback's size budget is for what it chooses)."""
+    """The shapes ``generate_inputs`` chooses for the inputs it generates, those whose shape
+    the user fixed left out (the same in every setting): two settings that give the same
+    ones are one attempt, and a fallback's size budget is for these."""
     runtime = _runtime_inputs(model)
     given = _given_inputs(runtime, options)
     bound = _bound_dims(runtime, _given_shapes(given, options))
     named = _symbolic_names(runtime)
-    return tuple(tuple(options.shapes[v.name] if v.name in options.shapes
-                       else _input_dims(v.shape, options, bound, named))
-                 for v in runtime if v.name not in given and v.shape is not None
-                 and (fixed or v.name not in options.shapes))
+    return tuple(_input_dims(v.shape, options, bound, named)
+                 for v in runtime if v.name not in given and v.name not in options.shapes
+                 and v.shape is not None)
 
 
 def _input_dims(shape: ir.Shape, options: ValidationOptions, bound: Mapping[str, int],
@@ -1575,10 +1574,10 @@ def _distinct_fallbacks(model: ir.Model, options: ValidationOptions
     tried = [_generated_shapes(model, options)]
     distinct = []
     for attempt in _fallbacks(options):
+        # the inputs the attempt chooses (the user's fixed shapes are the same in every one)
         shapes = _generated_shapes(model, attempt)
-        too_big = (attempt.size == _FALLBACK_LONG and sum(
-            math.prod(s) for s in _generated_shapes(model, attempt, fixed=False))
-            > _FALLBACK_LONG_ELEMENTS)
+        too_big = (attempt.size == _FALLBACK_LONG
+                   and sum(math.prod(s) for s in shapes) > _FALLBACK_LONG_ELEMENTS)
         if shapes not in tried and not too_big:
             tried.append(shapes)
             distinct.append(attempt)

@@ -182,6 +182,9 @@ def test_pair_table_batch_source_and_axis_dim() -> None:
                                   np.arange(12.0).reshape(6, 2))
     with pytest.raises(expr.NoMatch):  # the heads' axis must be 1
         expr.FUNCTIONS["pair_table"](table, 3, 1)
+    for axis in (4, "a", True):  # and an axis of the table
+        with pytest.raises(expr.NoMatch):
+            expr.FUNCTIONS["pair_table"](table, 3, axis)
     values = _values("""g (float[B,S,4,16] x) => (float[B,S,4,8] a)
         <int64[2] parts = {8, 8}, int64[3] flat = {0, -1, 32}>
         { a, b = Split<axis=-1>(x, parts)  r = Reshape(a, flat)
