@@ -180,3 +180,100 @@ def _same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
         return False
     return all(np.array_equal(a[i:i + _COMPARE_CHUNK], b[i:i + _COMPARE_CHUNK])
                for i in range(0, a.size, _COMPARE_CHUNK))
+
+
+MAX_TWIN_READERS = 64
+"""Readers of a new node's input searched for a twin; past this (a scalar shared across the
+model) the node is left to the final common-subexpression pass."""
+
+_RANDOM_OPS = frozenset({"RandomUniform", "RandomNormal", "RandomUniformLike",
+                         "RandomNormalLike", "Multinomial", "Dropout"})
+
+
+def merge_twins(graph: ir.Graph, nodes: Iterable[ir.Node]) -> list[ir.Value]:
+    """Merge each of ``nodes`` into an existing node computing the same thing (same op,
+    attributes and inputs, equal small constants counting as the same input); return the
+    values whose readers changed.
+
+    A rule applied twice makes twins where one node was read twice: the rotary tables that a
+    query and a key fusion each slice. Until they are one node, a pattern through the shared
+    value sees two readers and cannot remove it; the final common-subexpression pass comes
+    too late for the rules. Graph order may be broken (the twin kept can sit after the
+    readers it gains); the rewrite loop sorts the graph when it ends."""
+    changed: list[ir.Value] = []
+    for node in nodes:
+        if node.graph is not graph:
+            continue
+        twin = _twin(node)
+        if twin is None:
+            continue
+        changed += [v for v in node.inputs if v is not None]
+        changed += twin.outputs
+        ir.convenience.replace_all_uses_with(node.outputs, twin.outputs)
+        graph.remove(node, safe=True)
+    return changed
+
+
+def _twin(node: ir.Node) -> ir.Node | None:
+    """Another node of the same graph computing what ``node`` computes, or None."""
+    if node.op_type in _RANDOM_OPS or any(v.is_graph_output() for v in node.outputs):
+        return None
+    key = _attribute_key(node)
+    if key is None:
+        return None
+    computed = [v for v in node.inputs if v is not None and v.const_value is None]
+    if not computed:
+        return None  # constant folding's business
+    anchor = min(computed, key=lambda v: len(v.uses()))
+    readers = anchor.uses()
+    if len(readers) > MAX_TWIN_READERS:
+        return None
+    for use in readers:
+        other = use.node
+        if (other is node or other.graph is not node.graph or other.op_type != node.op_type
+                or other.domain != node.domain or other.overload != node.overload
+                or len(other.inputs) != len(node.inputs)
+                or len(other.outputs) != len(node.outputs)):
+            continue
+        if all(_same_input(a, b) for a, b in zip(node.inputs, other.inputs, strict=True)) \
+                and _attribute_key(other) == key:
+            return other
+    return None
+
+
+def _same_input(a: ir.Value | None, b: ir.Value | None) -> bool:
+    if a is b:
+        return True
+    if a is None or b is None or a.is_graph_input() or b.is_graph_input():
+        return False
+    ta, tb = a.const_value, b.const_value
+    if ta is None or tb is None:
+        return False
+    key = _small_key(ta, SAMPLE_BYTES)
+    return key is not None and key == _small_key(tb, SAMPLE_BYTES)
+
+
+def _attribute_key(node: ir.Node) -> tuple[object, ...] | None:
+    """The node's attributes as a comparable tuple; None for a subgraph or a large tensor."""
+    items = []
+    for name, attr in node.attributes.items():
+        if attr.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS):
+            return None
+        value = None if attr.is_ref() else attr.value
+        if value is None:
+            pass
+        elif attr.type in (ir.AttributeType.INTS, ir.AttributeType.FLOATS,
+                         ir.AttributeType.STRINGS):
+            value = tuple(value)
+        elif attr.type is ir.AttributeType.TENSOR:
+            value = _small_key(value, SAMPLE_BYTES)
+            if value is None:
+                return None
+        elif attr.type in (ir.AttributeType.TENSORS, ir.AttributeType.SPARSE_TENSOR,
+                           ir.AttributeType.SPARSE_TENSORS, ir.AttributeType.TYPE_PROTO,
+                           ir.AttributeType.TYPE_PROTOS):
+            return None
+        if attr.is_ref():
+            value = ("ref", attr.ref_attr_name)
+        items.append((name, attr.type, value))
+    return tuple(sorted(items, key=lambda item: item[0]))

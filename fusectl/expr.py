@@ -902,6 +902,27 @@ def _fn_merge_unsqueeze_axes(first: Any, second: Any, value: Any) -> list[int]:
     return sorted(set(outer) | {kept[i] for i in inner})
 
 
+def _fn_axes_before_unsqueeze(axes: Any, inserted: Any, value: Any) -> list[int]:
+    """``axes`` of ``Unsqueeze(value, inserted)`` as axes of ``value``, in their order: a
+    Slice of those axes moves above the Unsqueeze. An axis the Unsqueeze inserts does not
+    match (slicing a unit dim is not a slice of ``value``)."""
+    rank = _rank_of(value)
+    out_rank = rank + len(_int_list(inserted, "axes"))
+    added = set(_fn_norm_axes(inserted, out_rank))
+    kept = [i for i in range(out_rank) if i not in added]
+    moved = []
+    for axis in _int_list(axes, "axes"):
+        axis = axis + out_rank if axis < 0 else axis
+        if axis in added:
+            raise NoMatch(f"axis {axis} is one the Unsqueeze inserts")
+        if not 0 <= axis < out_rank:
+            raise NoMatch(f"axis {axis} out of range for rank {out_rank}")
+        moved.append(kept.index(axis))
+    if len(set(moved)) != len(moved):
+        raise NoMatch("repeated axes")
+    return moved
+
+
 def _fn_merge_squeeze_axes(first: Any, second: Any, value: Any) -> list[int]:
     """The axes of one Squeeze equal to ``Squeeze(Squeeze(value, first), second)``;
     ``first`` are axes of value, ``second`` axes of the intermediate (see squeezed_axes)."""
@@ -1762,6 +1783,7 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     "is_noop_reshape": _fn_is_noop_reshape,
     "squeezed_axes": _fn_squeezed_axes,
     "merge_unsqueeze_axes": _fn_merge_unsqueeze_axes,
+    "axes_before_unsqueeze": _fn_axes_before_unsqueeze,
     "merge_squeeze_axes": _fn_merge_squeeze_axes,
     "itemsize": _fn_itemsize,
     "lift_rank": _fn_lift_rank,

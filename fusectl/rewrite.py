@@ -22,6 +22,7 @@ from onnx_ir.passes.common import TopologicalSortPass
 from . import traffic
 from .compile import CompiledRule, NoRewrite, Rewrite
 from .deadcode import remove_dead_producers, remove_unused
+from .dedupe import merge_twins
 from .names import FreshNames
 from .shapeexpr import input_dim_names, is_minted
 from .shapes import infer_node
@@ -166,6 +167,9 @@ def apply_rules(
         # at once, not in the final cleanup: a dead reader of a value (the Shape that
         # computed a replaced Reshape's target) keeps patterns through it from matching
         touched.readers_changed(remove_dead_producers(graph, read) + unread, run)
+        # a twin of what the graph already computes (the rotary tables a query and a key
+        # fusion each slice) is merged now, so patterns through its input see one reader
+        touched.readers_changed(merge_twins(graph, rewrite.new_nodes), run)
         typed = _type_readers(rewrite.new_nodes, model)
         meter.forget(out for node in typed for out in node.outputs)
         touched.stamp(typed, run)

@@ -263,3 +263,126 @@ def test_external_data_weights_are_merged(tmp_path) -> None:
     assert merge_equal_initializers(model.graph) == 1
     assert [node.inputs[1].name for node in model.graph] == ["A", "C"]
     assert [node.inputs[0].name for node in model.graph][0] == "A"
+
+
+# ----------------------------------------------------------------------- merge_twins
+
+
+def _twin_model(text: str) -> ir.Model:
+    return ir.serde.deserialize_model(onnx.parser.parse_model(text))
+
+
+def _node(model: ir.Model, name: str) -> ir.Node:
+    return next(n for n in model.graph if n.outputs[0].name == name)
+
+
+TWINS = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[4,8] x) => (float[4,1,2] oa, float[4,1,2] ob, float[4,1,2] oc, float[4,1,2] od,
+                     float[4,1,3] oe)
+<int64[1] one = {1}, int64[1] s0 = {0}, int64[1] e2 = {2}, int64[1] s0b = {0},
+ int64[1] e2b = {2}, int64[1] e3 = {3}, int64[1] am1 = {-1}>
+{
+  u = Unsqueeze(x, one)
+  p = Slice(u, s0, e2, am1)     q = Slice(u, s0b, e2b, am1)   r = Slice(u, s0, e3, am1)
+  a = Neg(p)  b = Neg(q)  c = LeakyRelu<alpha=0.5>(p)  d = LeakyRelu<alpha=0.25>(p)  e = Neg(r)
+  oa = Sigmoid(a)  ob = Sigmoid(b)  oc = Sigmoid(c)  od = Sigmoid(d)  oe = Sigmoid(e)
+}
+"""
+
+
+def test_twin_with_equal_constants_is_merged_and_its_readers_rewired() -> None:
+    model = _twin_model(TWINS)
+    p, q = _node(model, "p"), _node(model, "q")
+    changed = dedupe.merge_twins(model.graph, [q])
+    assert q.graph is None and p.graph is model.graph
+    assert _node(model, "b").inputs[0] is p.outputs[0]
+    assert p.outputs[0] in changed  # its readers changed: the loop re-tries rules there
+    assert len(_node(model, "u").outputs[0].uses()) == 2  # p and r
+
+
+def test_nodes_that_differ_are_not_twins() -> None:
+    model = _twin_model(TWINS)
+    r = _node(model, "r")  # other end (an equal first input is not enough)
+    d = _node(model, "d")  # other alpha
+    e = _node(model, "e")  # reads r
+    assert dedupe.merge_twins(model.graph, [r, d, e]) == []
+    assert all(n.graph is model.graph for n in (r, d, e))
+
+
+def test_graph_outputs_and_random_ops_keep_their_nodes() -> None:
+    model = _twin_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[4] x) => (float[4] a, float[4] b, float[4] c)
+    { a = Neg(x)  b = Neg(x)  r1 = RandomUniformLike(x)  r2 = RandomUniformLike(x)
+      c = Add(r1, r2) }
+    """)
+    b, r2 = _node(model, "b"), _node(model, "r2")
+    assert dedupe.merge_twins(model.graph, [b, r2]) == []
+    assert b.graph is model.graph and r2.graph is model.graph
+
+
+TWIN_RULES = """
+version: 1
+rules:
+  - id: abs-of-neg
+    summary: The absolute value of a negation is the absolute value.
+    match:
+      - n = Neg(x)
+      - z = Abs(n)
+    replace:
+      - z = Abs(x)
+    tests:
+      - name: fires
+        model: |
+          <ir_version: 8, opset_import: ["" : 17]>
+          g (float[4] x) => (float[4] z)
+          { n = Neg(x)  z = Abs(n) }
+        expect: {fires: 1}
+      - name: not-neg
+        model: |
+          <ir_version: 8, opset_import: ["" : 17]>
+          g (float[4] x) => (float[4] z)
+          { n = Exp(x)  z = Abs(n) }
+        expect: {fires: 0}
+  - id: abs-of-relu
+    summary: Relu is never negative.
+    match:
+      - r = Relu(x)
+      - z = Abs(r)
+    replace:
+      - z = Relu(x)
+    tests:
+      - name: fires
+        model: |
+          <ir_version: 8, opset_import: ["" : 17]>
+          g (float[4] x) => (float[4] z)
+          { r = Relu(x)  z = Abs(r) }
+        expect: {fires: 1}
+      - name: not-relu
+        model: |
+          <ir_version: 8, opset_import: ["" : 17]>
+          g (float[4] x) => (float[4] z)
+          { r = Exp(x)  z = Abs(r) }
+        expect: {fires: 0}
+"""
+
+
+def test_twins_made_by_two_applications_merge_in_the_rewrite_loop() -> None:
+    """Two applications each write Abs(r); merged at once, r has one reader again and the
+    next rule, which needs that, fires in the same run (CSE after the loop is too late)."""
+    from fusectl.compile import compile_rules
+    from fusectl.rewrite import apply_rules
+    from fusectl.rulefile import load_rule_text
+
+    model = _twin_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[4] x) => (float[4] a, float[4] b)
+    { r = Relu(x)  n1 = Neg(r)  n2 = Neg(r)  a1 = Abs(n1)  b1 = Abs(n2)
+      a = Sigmoid(a1)  b = Tanh(b1) }
+    """)
+    result = apply_rules(model, compile_rules(load_rule_text(TWIN_RULES)))
+    assert [a.rule_id for a in result.applications] == ["abs-of-neg", "abs-of-neg",
+                                                        "abs-of-relu"]
+    ops = [n.op_type for n in model.graph]
+    assert sorted(ops) == ["Relu", "Sigmoid", "Tanh"]

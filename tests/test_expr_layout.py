@@ -24,6 +24,7 @@ from fusectl.expr import NoMatch
 LAYOUT_FUNCTIONS = [
     "norm_axes", "permute_axes", "reduced_perm", "fill_reshape_zeros", "moves_unit_dims_only",
     "transposed_shape", "is_noop_reshape", "squeezed_axes", "merge_unsqueeze_axes",
+    "axes_before_unsqueeze",
     "merge_squeeze_axes", "itemsize", "lift_rank", "slice_range", "tiling_sizes", "num_uses",
     "transpose_ahead", "unmerged_perm", "unit_reshape_moved", "as_target",
 ]
@@ -118,6 +119,34 @@ def test_merge_unsqueeze_axes_matches_numpy(rank: int) -> None:
                 y = np.expand_dims(np.expand_dims(x, first), second)
                 merged = fn("merge_unsqueeze_axes")(list(first), list(second), rank)
                 assert np.expand_dims(x, merged).shape == y.shape
+
+
+@pytest.mark.parametrize("rank", [1, 2, 3])
+def test_axes_before_unsqueeze_matches_numpy(rank: int) -> None:
+    """Slicing the unsqueezed tensor equals unsqueezing the slice of x on the mapped axes."""
+    x = np.arange(24.0)[:(2, 6, 24)[rank - 1]].reshape((2, 3, 4)[:rank])
+    for count in (1, 2):
+        out_rank = rank + count
+        for inserted in itertools.combinations(range(-out_rank, out_rank), count):
+            if len({a % out_rank for a in inserted}) != count:
+                continue
+            added = {a % out_rank for a in inserted}
+            u = np.expand_dims(x, inserted)
+            for axes in itertools.permutations(range(-out_rank, out_rank), 1 + (rank > 1)):
+                if len({a % out_rank for a in axes}) != len(axes):
+                    continue
+                if added & {a % out_rank for a in axes}:
+                    with pytest.raises(NoMatch):
+                        fn("axes_before_unsqueeze")(list(axes), list(inserted), rank)
+                    continue
+                moved = fn("axes_before_unsqueeze")(list(axes), list(inserted), rank)
+                cut_u, cut_x = [slice(None)] * out_rank, [slice(None)] * rank
+                for step, (axis, at) in enumerate(zip(axes, moved, strict=True)):
+                    cut_u[axis] = cut_x[at] = slice(1, None, step + 1)
+                assert np.array_equal(u[tuple(cut_u)],
+                                      np.expand_dims(x[tuple(cut_x)], inserted))
+    with pytest.raises(NoMatch):
+        fn("axes_before_unsqueeze")([5], [0], 2)
 
 
 def test_merge_squeeze_axes_matches_numpy() -> None:
