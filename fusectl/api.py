@@ -102,6 +102,8 @@ class OptimizeResult:
     """Set when the full rewrite failed validation and bisection ran."""
     intermediates: tuple[Boundary, ...] | None = None
     """Rewrite boundaries compared (``check_intermediates``), in topological order."""
+    input_repairs: tuple[str, ...] = ()
+    """What loading repaired in the input that onnxruntime forgives (``fusectl.repair``)."""
 
     @property
     def passed(self) -> bool:
@@ -231,6 +233,7 @@ def optimize(
         working = modelio.load_model(model)
         reference = str(model)
         source = str(model)
+    input_repairs = tuple(working.meta.get(modelio.META_INPUT_REPAIRS, ()))
     if rules is None:
         rules = load_rule_set(target=active)
     seconds["load"] = time.perf_counter() - clock
@@ -319,6 +322,7 @@ def optimize(
         source=source,
         bisection=bisection,
         intermediates=boundaries,
+        input_repairs=input_repairs,
     )
 
 

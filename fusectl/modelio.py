@@ -31,6 +31,7 @@ from google.protobuf.message import EncodeError
 
 from fusectl.errors import BadInputError, InternalError
 from fusectl.protowire import Encoding, encode_model, without_weights
+from fusectl.repair import repair_for_checker
 from fusectl.shapes import infer_proto_shapes, merge_inferred_shapes, prefer_computed_dims
 from fusectl.targets import set_aside_onnxruntime_ops
 
@@ -63,6 +64,8 @@ _PROTOBUF_LIMIT_BYTES = 2**31 - 1
 _META_HAD_EXTERNAL = "fusectl.modelio.had_external_data"
 _META_SOURCE_DATA_FILES = "fusectl.modelio.source_data_files"
 _META_DECLARED_DIMS = "fusectl.modelio.declared_dims"
+META_INPUT_REPAIRS = "fusectl.modelio.input_repairs"
+"""What ``load_model`` repaired in the input (``fusectl.repair``), as notes for the report."""
 
 _DRIVE_RE = re.compile(r"^[A-Za-z]:")
 _OUTSIDE = "refusing to read outside the model's folder"
@@ -481,9 +484,29 @@ def _checker_view(proto: onnx.ModelProto) -> Iterator[None]:
             t.data_location = onnx.TensorProto.EXTERNAL
 
 
-def _run_checker(path: Path, proto: onnx.ModelProto, external: bool) -> None:
+def _run_checker(path: Path, proto: onnx.ModelProto, external: bool) -> tuple[str, ...]:
     """onnx's checker (structure, node schemas, opsets, tensor sizes): a model it rejects
-    would be rejected by runtimes too, so it is bad input, never something to optimize."""
+    would be rejected by runtimes too, so it is bad input, never something to optimize.
+    The two faults onnxruntime itself forgives (``fusectl.repair``) are repaired in
+    ``proto`` instead; the notes saying so are returned."""
+    notes: list[str] = []
+    while True:
+        try:
+            _check_once(path, proto, external or bool(notes))
+            return tuple(notes)
+        except BadInputError as e:
+            note = None if len(notes) >= MAX_REPAIRS else repair_for_checker(proto, str(e))
+            if note is None or note in notes:
+                raise
+            notes.append(note)
+
+
+MAX_REPAIRS = 4
+"""Checker rounds that may end in a repair (each repair is of another kind)."""
+
+
+def _check_once(path: Path, proto: onnx.ModelProto, from_proto: bool) -> None:
+    """One run of the checker; ``from_proto`` checks ``proto`` rather than the file."""
     newest = onnx.defs.onnx_opset_version()
     for opset in proto.opset_import:
         if opset.domain in ("", "ai.onnx") and opset.version > newest:
@@ -493,7 +516,7 @@ def _run_checker(path: Path, proto: onnx.ModelProto, external: bool) -> None:
                     for vi in (*proto.graph.input, *proto.graph.output))
     checked = set_aside_onnxruntime_ops(proto)  # a model fusectl or onnxruntime optimized
     try:
-        if external or shapeless or checked is not proto:
+        if from_proto or shapeless or checked is not proto:
             with _checker_view(checked):  # an external-data proto is small: serializing is cheap
                 onnx.checker.check_model(checked)
         else:
@@ -629,7 +652,9 @@ def load_model(path: str | Path) -> ir.Model:
     del data
     base_dir = os.path.dirname(os.path.abspath(p))
     data_files = _check_external_data(p, proto, base_dir)
-    _run_checker(p, proto, external=bool(data_files))
+    repairs = _run_checker(p, proto, external=bool(data_files))
+    if repairs:
+        light = None  # the bytes as read hold the faults
     mapped = _map_typed_value(proto.graph)
     if mapped is not None:
         raise _bad(p, _map_message(proto.graph, f"value {mapped!r} is a map"))
@@ -644,6 +669,7 @@ def load_model(path: str | Path) -> ir.Model:
         _set_base_dir(model, base_dir)
     model.meta[_META_HAD_EXTERNAL] = bool(data_files)
     model.meta[_META_SOURCE_DATA_FILES] = frozenset(data_files)
+    model.meta[META_INPUT_REPAIRS] = repairs
     return model
 
 

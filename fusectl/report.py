@@ -82,6 +82,8 @@ def print_optimize(result: OptimizeResult, console: Console, *, verbose: bool = 
     rw = result.rewrite
     title = Text.assemble(("fusectl optimize ", "bold"), (result.source or "<model>", "cyan"))
     console.print(title)
+    for note in result.input_repairs:
+        console.print(Text(f"note: {note}"), style="yellow")
     if result.prepared.folded_nodes:
         console.print(f"folded {result.prepared.folded_nodes} constant nodes before matching")
 
@@ -344,6 +346,7 @@ def optimize_json(result: OptimizeResult, *, output: str | None = None,
         "model": result.source,
         "output": output,
         "passed": result.passed,
+        "input_repairs": list(result.input_repairs),
         "rules": {
             "run": list(rw.rules_run),
             "applied": [
