@@ -242,7 +242,38 @@ def try_infer_model_shapes(model: ir.Model) -> bool | None:
         if list(graph.inputs) != inputs:
             graph.inputs.clear()
             graph.inputs.extend(inputs)
-    return merge_inferred_shapes(graph, inferred.graph)
+    changed = merge_inferred_shapes(graph, inferred.graph)
+    if _type_past_unschemed_ops(model):
+        # the ops typed, the whole-model pass now reaches past them with data propagation
+        retyped = _call_onnx_api_linear(infer_proto_shapes, model)
+        merge_inferred_shapes(graph, retyped.graph)
+        changed = True
+    return changed
+
+
+def _type_past_unschemed_ops(model: ir.Model) -> bool:
+    """Type, node by node in graph order, what onnx's inference left untyped behind an
+    onnxruntime kernel it has no schema for (a LayerNormalization below opset 17 in
+    onnxruntime's test models, SimplifiedLayerNormalization): onnx stops at such a node, and
+    everything after it would stay untyped, so no rule reading dtype() or rank() fires
+    there. True when something was typed; nothing is walked in models without such a node."""
+    opsets = dict(model.opset_imports)
+    graph = model.graph
+    if not any((node.domain, node.op_type) in SHAPE_OF_FIRST_INPUT
+               and not _has_schema(node, opsets) and node.outputs[0].type is None
+               for node in graph):
+        return False
+    typed = False
+    for node in graph:
+        if all(v.type is not None and v.shape is not None for v in node.outputs) \
+                or any(v is not None and v.type is None for v in node.inputs):
+            continue
+        typed = infer_node(node, opsets) or typed
+    return typed
+
+
+def _has_schema(node: ir.Node, opsets: Mapping[str, int]) -> bool:
+    return onnx.defs.has(node.op_type, opsets.get(node.domain, 1), node.domain)
 
 
 def infer_proto_shapes(proto: onnx.ModelProto | bytes) -> onnx.ModelProto:

@@ -197,3 +197,39 @@ def test_multihead_attention_takes_the_query_rows_and_the_value_width() -> None:
                          [_value("qkv", ["B", "S", 4, 3, 8])],
                          attributes=[ir.AttrInt64("num_heads", 4)])
     assert not infer_node(packed_qkv, OPSETS) and packed_qkv.outputs[0].shape is None
+
+
+def _layer_norm_below_17() -> ir.Model:
+    """onnxruntime's LayerNormalization at opset 16 (no onnx schema), then a MatMul whose
+    output is reshaped to heads by a target computed from Shape (data propagation)."""
+    rng = np.random.default_rng(0)
+    nodes = [
+        oh.make_node("LayerNormalization", ["x", "g", "b"], ["n"], axis=-1),
+        oh.make_node("MatMul", ["n", "w"], ["m"]),
+        oh.make_node("Relu", ["m"], ["r"]),
+    ]
+    inits = [oh.make_tensor("g", TensorProto.FLOAT, [8], np.ones(8)),
+             oh.make_tensor("b", TensorProto.FLOAT, [8], np.zeros(8)),
+             oh.make_tensor("w", TensorProto.FLOAT, [8, 8], rng.normal(size=64))]
+    nodes += [oh.make_node("Shape", ["r"], ["s"], start=0, end=2),
+              oh.make_node("Concat", ["s", "heads"], ["t"], axis=0),
+              oh.make_node("Reshape", ["r", "t"], ["y"])]
+    inits.append(oh.make_tensor("heads", TensorProto.INT64, [2], [2, 4]))
+    out = oh.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    graph = oh.make_graph(nodes, "g", [oh.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                 ["B", 3, 8])], [out], inits)
+    proto = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 16)], ir_version=8)
+    return ir.serde.deserialize_model(proto)
+
+
+def test_inference_reaches_past_a_kernel_onnx_has_no_schema_for() -> None:
+    from fusectl.shapes import infer_model_shapes
+
+    model = _layer_norm_below_17()
+    assert infer_model_shapes(model)
+    values = {v.name: v for node in model.graph for v in node.outputs}
+    assert values["n"].dtype == ir.DataType.FLOAT and list(values["n"].shape) == \
+        [ir.SymbolicDim("B"), 3, 8]
+    assert values["r"].dtype == ir.DataType.FLOAT
+    # the Shape-computed target is known only to the whole-model pass (data propagation)
+    assert [d if isinstance(d, int) else d.value for d in values["y"].shape] == ["B", 3, 2, 4]
