@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 import onnx_ir as ir
+from onnx_ir.passes.common import TopologicalSortPass
 
 from .errors import first_line_of
 
@@ -166,9 +167,11 @@ def unsupported(model: ir.Model) -> str | None:
 
 def _load(path: str | Path) -> ir.Model:
     try:
-        return ir.load(os.fspath(path))
+        model = ir.load(os.fspath(path))
     except Exception as e:  # noqa: BLE001 - any loading error is the reason
         raise Unavailable(f"cannot load the model: {_first_line(e)}") from None
+    TopologicalSortPass()(model)  # an input out of order (fusectl.repair forgives it)
+    return model
 
 
 def _first_line(error: BaseException) -> str:

@@ -65,6 +65,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 import onnxruntime as ort
+from onnx_ir.passes.common import TopologicalSortPass
 
 from fusectl import float64
 from fusectl.errors import BadInputError, first_line
@@ -1845,9 +1846,12 @@ def _load_for_inputs(model: ModelSource) -> ir.Model:
     if isinstance(model, ir.Model):
         return model
     try:
-        return ir.load(os.fspath(model))
+        loaded = ir.load(os.fspath(model))
     except Exception as e:
         raise BadInputError(f"cannot read model {os.fspath(model)}: {_first_line(e)}") from None
+    # an input out of topological order (fusectl.repair forgives it) cannot be cloned
+    TopologicalSortPass()(loaded)
+    return loaded
 
 
 def _uses_type(model: ir.Model, dtype: ir.DataType) -> bool:

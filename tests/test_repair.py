@@ -42,6 +42,15 @@ def _unsorted() -> onnx.ModelProto:
     return onnx.parser.parse_model(UNSORTED)
 
 
+def _unsorted_float16() -> onnx.ModelProto:
+    """Out of order and in float16: validation clones the reference for its range sample."""
+    return onnx.parser.parse_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float16[2,8] x) => (float16[2,8] z)
+    { z = Relu(s)  s = Add(t, x)  t = Neg(x) }
+    """)
+
+
 def _contrib_without_import() -> onnx.ModelProto:
     """com.microsoft.FastGelu on a MatMul, the domain never imported (as onnxruntime's
     gemmfastgelu test model has it)."""
@@ -59,6 +68,7 @@ def _contrib_without_import() -> onnx.ModelProto:
 
 @pytest.mark.parametrize("build, note", [
     (_unsorted, "not in topological order"),
+    (_unsorted_float16, "not in topological order"),
     (_contrib_without_import, "without importing that domain"),
 ])
 def test_forgiven_faults_are_repaired_noted_and_validated(tmp_path: Path, capsys, build, note
@@ -147,3 +157,13 @@ def test_sort_moves_as_little_as_it_can_and_sees_subgraph_reads() -> None:
     assert [n.name for n in graph.node] == expected
     assert sort_nodes(graph)  # sorted already: unchanged
     assert [n.name for n in graph.node] == expected
+
+
+def test_the_float64_reference_runs_an_input_out_of_order(tmp_path: Path) -> None:
+    """The float64 tie-breaker loads the input itself (onnx's evaluator runs graph order)."""
+    from fusectl.float64 import Float64Run
+
+    path = _write(tmp_path, _unsorted())
+    x = np.linspace(-2, 2, 16, dtype=np.float32).reshape(2, 8)
+    outputs = Float64Run(str(path)).run({"x": x})
+    assert np.allclose(outputs["z"], np.maximum(1.0 - x, 0.0))
