@@ -187,7 +187,7 @@ MAX_TWIN_READERS = 64
 model) the node is left to the final common-subexpression pass."""
 
 _RANDOM_OPS = frozenset({"RandomUniform", "RandomNormal", "RandomUniformLike",
-                         "RandomNormalLike", "Multinomial", "Dropout"})
+                         "RandomNormalLike", "Multinomial", "Bernoulli", "Dropout"})
 
 
 def merge_twins(graph: ir.Graph, nodes: Iterable[ir.Node]) -> list[ir.Value]:

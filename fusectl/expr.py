@@ -902,16 +902,20 @@ def _fn_merge_unsqueeze_axes(first: Any, second: Any, value: Any) -> list[int]:
     return sorted(set(outer) | {kept[i] for i in inner})
 
 
-def _fn_axes_before_unsqueeze(axes: Any, inserted: Any, value: Any) -> list[int]:
-    """``axes`` of ``Unsqueeze(value, inserted)`` as axes of ``value``, in their order: a
-    Slice of those axes moves above the Unsqueeze. An axis the Unsqueeze inserts does not
-    match (slicing a unit dim is not a slice of ``value``)."""
+def _fn_axes_before_unsqueeze(axes: Any, starts: Any, inserted: Any, value: Any
+                              ) -> list[int]:
+    """The axes a Slice cuts of ``Unsqueeze(value, inserted)`` (``axes``, or when None the
+    first ones, one per start) as axes of ``value``, in their order: the Slice moves above
+    the Unsqueeze. An axis the Unsqueeze inserts does not match (slicing a unit dim is not
+    a slice of ``value``)."""
     rank = _rank_of(value)
     out_rank = rank + len(_int_list(inserted, "axes"))
     added = set(_fn_norm_axes(inserted, out_rank))
     kept = [i for i in range(out_rank) if i not in added]
+    listed = (list(range(len(_int_list(starts, "starts")))) if axes is None
+              else _int_list(axes, "axes"))
     moved = []
-    for axis in _int_list(axes, "axes"):
+    for axis in listed:
         axis = axis + out_rank if axis < 0 else axis
         if axis in added:
             raise NoMatch(f"axis {axis} is one the Unsqueeze inserts")

@@ -167,9 +167,6 @@ def apply_rules(
         # at once, not in the final cleanup: a dead reader of a value (the Shape that
         # computed a replaced Reshape's target) keeps patterns through it from matching
         touched.readers_changed(remove_dead_producers(graph, read) + unread, run)
-        # a twin of what the graph already computes (the rotary tables a query and a key
-        # fusion each slice) is merged now, so patterns through its input see one reader
-        touched.readers_changed(merge_twins(graph, rewrite.new_nodes), run)
         typed = _type_readers(rewrite.new_nodes, model)
         meter.forget(out for node in typed for out in node.outputs)
         touched.stamp(typed, run)
@@ -415,6 +412,12 @@ def _apply(model: ir.Model, graph: ir.Graph, rewrite: Rewrite, names: FreshNames
     # the replacement): gone now, it cannot count as a second reader of the match's inputs
     # that keeps the next rule from matching (a Transpose pair from composing).
     unread = remove_dead_producers(graph, [v for n in rewrite.new_nodes for v in n.outputs])
+    # A new intermediate that computes what the graph already does (the rotary table a query
+    # and a key fusion each slice) is merged now: patterns through its input then see one
+    # reader. Outputs stay, named as the values they replace (rewrite boundaries).
+    outputs = {id(v) for v in rewrite.new_outputs}
+    unread += merge_twins(graph, [n for n in rewrite.new_nodes
+                                  if not any(id(v) in outputs for v in n.outputs)])
     new_nodes = [n for n in rewrite.new_nodes if n.graph is graph]
     for domain, version in rewrite.opsets.items():
         if domain not in model.opset_imports:

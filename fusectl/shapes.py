@@ -120,10 +120,23 @@ def _copy_first_input(node: ir.Node) -> bool:
     if source is None or source.type is None:
         return False
     if target.type is None:
-        target.type = source.type
+        target.type = _output_type(node, source)
     if target.shape is None and source.shape is not None:
         target.shape = ir.Shape(list(source.shape))
     return True
+
+
+_NORMS_OF_SCALE_TYPE = frozenset({("", "LayerNormalization"),
+                                  ("", "SimplifiedLayerNormalization")})
+"""onnxruntime's norms in the default domain give their output the scale's type (a float32
+input normalized with a float16 scale is float16), as onnx's LayerNormalization does not."""
+
+
+def _output_type(node: ir.Node, source: ir.Value) -> ir.TypeProtocol | None:
+    if (node.domain, node.op_type) in _NORMS_OF_SCALE_TYPE and len(node.inputs) > 1:
+        scale = node.inputs[1]
+        return scale.type if scale is not None else None
+    return source.type
 
 
 def _infer_as(node: ir.Node, op_type: str, opsets: Mapping[str, int],
@@ -232,23 +245,32 @@ def infer_model_shapes(model: ir.Model) -> bool:
 def try_infer_model_shapes(model: ir.Model) -> bool | None:
     """:func:`infer_model_shapes`, telling a failure (None, the model unchanged) from an
     inference that changed nothing (False)."""
+    inferred = _infer_whole(model)
+    if inferred is None:
+        return None
+    changed = merge_inferred_shapes(model.graph, inferred.graph)
+    if _type_past_unschemed_ops(model):
+        changed = True
+        # the ops typed, the whole-model pass now reaches past them with data propagation
+        # (if it fails, the node-by-node types stay)
+        retyped = _infer_whole(model)
+        if retyped is not None:
+            merge_inferred_shapes(model.graph, retyped.graph)
+    return changed
+
+
+def _infer_whole(model: ir.Model) -> onnx.ModelProto | None:
+    """onnx's inference over the model, None when it fails; the graph inputs as they were."""
     graph = model.graph
     inputs = list(graph.inputs)
     try:
-        inferred = _call_onnx_api_linear(infer_proto_shapes, model)
+        return _call_onnx_api_linear(infer_proto_shapes, model)
     except Exception:  # noqa: BLE001 - inference is an optimisation, never fatal
         return None
     finally:
         if list(graph.inputs) != inputs:
             graph.inputs.clear()
             graph.inputs.extend(inputs)
-    changed = merge_inferred_shapes(graph, inferred.graph)
-    if _type_past_unschemed_ops(model):
-        # the ops typed, the whole-model pass now reaches past them with data propagation
-        retyped = _call_onnx_api_linear(infer_proto_shapes, model)
-        merge_inferred_shapes(graph, retyped.graph)
-        changed = True
-    return changed
 
 
 def _type_past_unschemed_ops(model: ir.Model) -> bool:

@@ -135,18 +135,24 @@ def test_axes_before_unsqueeze_matches_numpy(rank: int) -> None:
             for axes in itertools.permutations(range(-out_rank, out_rank), 1 + (rank > 1)):
                 if len({a % out_rank for a in axes}) != len(axes):
                     continue
+                starts = [1] * len(axes)
                 if added & {a % out_rank for a in axes}:
                     with pytest.raises(NoMatch):
-                        fn("axes_before_unsqueeze")(list(axes), list(inserted), rank)
+                        fn("axes_before_unsqueeze")(list(axes), starts, list(inserted), rank)
                     continue
-                moved = fn("axes_before_unsqueeze")(list(axes), list(inserted), rank)
+                moved = fn("axes_before_unsqueeze")(list(axes), starts, list(inserted), rank)
                 cut_u, cut_x = [slice(None)] * out_rank, [slice(None)] * rank
                 for step, (axis, at) in enumerate(zip(axes, moved, strict=True)):
                     cut_u[axis] = cut_x[at] = slice(1, None, step + 1)
                 assert np.array_equal(u[tuple(cut_u)],
                                       np.expand_dims(x[tuple(cut_x)], inserted))
     with pytest.raises(NoMatch):
-        fn("axes_before_unsqueeze")([5], [0], 2)
+        fn("axes_before_unsqueeze")([5], [0], [0], 2)
+    # without axes, one per start from the first: [0, 1] of a [2, 1, 3] Unsqueeze(x, 1) is
+    # an inserted axis; [0] alone is x's axis 0
+    assert fn("axes_before_unsqueeze")(None, [0], [1], 2) == [0]
+    with pytest.raises(NoMatch):
+        fn("axes_before_unsqueeze")(None, [0, 0], [1], 2)
 
 
 def test_merge_squeeze_axes_matches_numpy() -> None:

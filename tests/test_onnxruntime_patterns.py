@@ -12,6 +12,7 @@ from collections import Counter
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 from onnx import TensorProto
 from onnx import helper as oh
 from onnx import numpy_helper as nh
@@ -86,3 +87,33 @@ def test_attention_behind_onnxruntimes_layernorm_below_opset_17_fuses(tmp_path) 
         assert result.passed, opset
         assert ops["MultiHeadAttention"] == 1 and ops["Softmax"] == 0, (opset, ops)
         assert ops["LayerNormalization"] == 2
+
+
+def test_onnxruntimes_layernorm_takes_the_scale_type(tmp_path) -> None:
+    """Below opset 17 onnxruntime's LayerNormalization (and SimplifiedLayerNormalization)
+    gives a float32 input normalized with a float16 scale a float16 output; typed as the
+    input, the Add after it broke onnx's inference (an internal error) and the Cast back to
+    float32 looked like a no-op and was dropped (a model onnxruntime refuses)."""
+    rng = np.random.default_rng(3)
+    for op in ("LayerNormalization", "SimplifiedLayerNormalization"):
+        norm_inputs = ["x", "s", "b"] if op == "LayerNormalization" else ["x", "s"]
+        nodes = [oh.make_node(op, norm_inputs, ["y"], axis=-1, epsilon=1e-5),
+                 oh.make_node("Add", ["y", "c"], ["a"]),
+                 oh.make_node("Cast", ["a"], ["f"], to=TensorProto.FLOAT),
+                 oh.make_node("Mul", ["f", "x"], ["z"])]
+        inits = [nh.from_array(rng.normal(1, 0.1, 8).astype(np.float16), n)
+                 for n in ("s", "b", "c")]
+        graph = oh.make_graph(nodes, "mixed",
+                              [oh.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+                              [oh.make_tensor_value_info("z", TensorProto.FLOAT, [2, 8])],
+                              inits)
+        path = tmp_path / f"{op}.onnx"
+        path.write_bytes(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 16)],
+                                       ir_version=8).SerializeToString())
+        for target in ("onnx", "onnxruntime"):
+            result = fusectl.optimize(str(path), target=target)
+            assert result.passed, (op, target)
+            y = next(n for n in result.model.graph if n.op_type == op).outputs[0]
+            assert y.dtype == ir.DataType.FLOAT16, (op, target, y.dtype)
+            assert any(n.op_type == "Cast" for n in result.model.graph)
+
