@@ -259,10 +259,11 @@ def _attribute_key(node: ir.Node) -> tuple[object, ...] | None:
     for name, attr in node.attributes.items():
         if attr.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS):
             return None
-        value = None if attr.is_ref() else attr.value
-        if value is None:
-            pass
-        elif attr.type in (ir.AttributeType.INTS, ir.AttributeType.FLOATS,
+        if attr.is_ref():  # a function's attribute, named: equal when the names are
+            items.append((name, attr.type, ("ref", attr.ref_attr_name)))
+            continue
+        value = attr.value
+        if attr.type in (ir.AttributeType.INTS, ir.AttributeType.FLOATS,
                          ir.AttributeType.STRINGS):
             value = tuple(value)
         elif attr.type is ir.AttributeType.TENSOR:
@@ -273,7 +274,5 @@ def _attribute_key(node: ir.Node) -> tuple[object, ...] | None:
                            ir.AttributeType.SPARSE_TENSORS, ir.AttributeType.TYPE_PROTO,
                            ir.AttributeType.TYPE_PROTOS):
             return None
-        if attr.is_ref():
-            value = ("ref", attr.ref_attr_name)
         items.append((name, attr.type, value))
     return tuple(sorted(items, key=lambda item: item[0]))

@@ -484,6 +484,10 @@ def _checker_view(proto: onnx.ModelProto) -> Iterator[None]:
             t.data_location = onnx.TensorProto.EXTERNAL
 
 
+MAX_REPAIRS = 4
+"""Checker rounds that may end in a repair (each repair is of another kind)."""
+
+
 def _run_checker(path: Path, proto: onnx.ModelProto, external: bool) -> tuple[str, ...]:
     """onnx's checker (structure, node schemas, opsets, tensor sizes): a model it rejects
     would be rejected by runtimes too, so it is bad input, never something to optimize.
@@ -499,10 +503,6 @@ def _run_checker(path: Path, proto: onnx.ModelProto, external: bool) -> tuple[st
             if note is None or note in notes:
                 raise
             notes.append(note)
-
-
-MAX_REPAIRS = 4
-"""Checker rounds that may end in a repair (each repair is of another kind)."""
 
 
 def _check_once(path: Path, proto: onnx.ModelProto, from_proto: bool) -> None:
