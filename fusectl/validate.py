@@ -110,9 +110,10 @@ _FALLBACK_BATCH = 1
 _DEFAULT_DIM = 8
 _FALLBACK_DIM = 32
 _FALLBACK_LONG = 512
-# The inputs of a fallback with dynamic dims at 512 together hold at most this many elements
-# (64 MiB of float32): an image or a sequence of 512 fits, a 512-cube volume is not tried.
-_FALLBACK_LONG_ELEMENTS = 1 << 24
+# Generated inputs together hold at most this many elements (64 MiB of float32): a fallback
+# with dynamic dims at 512 fits an image or a sequence of 512, not a 512-cube volume, and the
+# first attempt sizes dynamic dims of high-rank inputs below 8 (``_within_element_budget``).
+_GENERATED_ELEMENTS = 1 << 24
 _DEFAULT_INT_HIGH = 10
 # Widest generated floats of the float16 range sample: |x| > 256 squares past 65504.
 _FP16_RANGE = 512.0
@@ -1577,8 +1578,7 @@ def _distinct_fallbacks(model: ir.Model, options: ValidationOptions
     for attempt in _fallbacks(options):
         # the inputs the attempt chooses (the user's fixed shapes are the same in every one)
         shapes = _generated_shapes(model, attempt)
-        too_big = (attempt.size == _FALLBACK_LONG
-                   and sum(math.prod(s) for s in shapes) > _FALLBACK_LONG_ELEMENTS)
+        too_big = sum(math.prod(s) for s in shapes) > _GENERATED_ELEMENTS
         if shapes not in tried and not too_big:
             tried.append(shapes)
             distinct.append(attempt)
@@ -1618,6 +1618,11 @@ class _ReferenceFailure(Exception):
 def _run_reference(reference: ModelSource, options: ValidationOptions,
                    notify: Progress, plan_fallbacks: bool = True) -> ReferenceRun:
     reference_ir = _load_for_inputs(reference)
+    note = None
+    if plan_fallbacks:  # the first attempt (fallbacks are sized within the budget already)
+        options, note = _within_element_budget(reference_ir, options)
+        if note is not None:
+            notify(note)
     feed_sets = []
     for s in range(options.samples):
         notify(f"generating inputs (sample {s + 1}/{options.samples})")
@@ -1667,7 +1672,28 @@ def _run_reference(reference: ModelSource, options: ValidationOptions,
         range_scale=range_scale,
         compute_dtype=compute,
         float64_run=Float64Outputs(float64.Float64Run(reference)),
+        batch_note=note,
     )
+
+
+def _within_element_budget(model: ir.Model, options: ValidationOptions
+                           ) -> tuple[ValidationOptions, str | None]:
+    """``options`` with the dynamic dims' size halved until the generated inputs hold at
+    most ``_GENERATED_ELEMENTS`` (a 9-D input of symbolic dims holds 134M elements at 8,
+    and took a minute to validate a two-node model), and a note saying so; ``options``
+    itself when they fit, or when no size would make them fit (static dims)."""
+    def elements(size: int) -> int:
+        return sum(math.prod(s) for s in _generated_shapes(model, replace(options, size=size)))
+
+    wanted = elements(options.size)
+    size = options.size
+    while size > 1 and elements(size) > _GENERATED_ELEMENTS:
+        size //= 2
+    if size == options.size or elements(size) > _GENERATED_ELEMENTS:
+        return options, None
+    return replace(options, size=size), (
+        f"inputs generated with dynamic dims at {size}: at {options.size} they would hold "
+        f"{wanted:,} elements (bind dims with --dim NAME=VALUE)")
 
 
 def _range_sample_feeds(

@@ -1074,6 +1074,24 @@ def test_the_512_fallback_is_skipped_for_large_inputs():
     assert not any("512" in p for p in progress)
 
 
+def test_high_rank_dynamic_inputs_are_generated_within_the_element_budget():
+    """Nine dynamic dims at 8 are 134M elements (a two-node model took a minute): the dims
+    are halved until the inputs fit, with a note; 32-sized fallbacks over the budget are
+    never tried (32**9 elements would not fit in memory)."""
+    dims = ", ".join(f"d{i}" for i in range(9))
+    nine = model(f"g (float[{dims}] x, float[{dims}] b) => (float[{dims}] y) "
+                 "{ s = Add(x, b)\n y = Softmax<axis=-1>(s) }")
+    progress: list[str] = []
+    reference = v.run_reference(nine, progress=progress.append)
+    assert reference.input_shapes == {"x": (4,) * 9, "b": (4,) * 9}
+    assert reference.batch_note.startswith("inputs generated with dynamic dims at 4: at 8")
+    assert v.validate(nine, nine).passed
+    fallbacks = v._distinct_fallbacks(nine, v.ValidationOptions(size=4))
+    assert [f.size for f in fallbacks] == [4]  # the batch at 1; none at 32 or 512
+    small = model("g (float[N, C] x) => (float[N, C] y) { y = Relu(x) }")
+    assert v.run_reference(small).batch_note is None  # within budget: untouched
+
+
 def anonymous_vad() -> ir.Model:
     """silero-vad's shape: x [?, ?] and state [2, ?, 128], the anonymous batch shared by
     both (the model fails when they differ), the signal at least 64 samples long."""
