@@ -54,6 +54,7 @@ import contextlib
 import ctypes
 import math
 import os
+import re
 import tempfile
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
@@ -958,11 +959,7 @@ def _run_session(
         notify(f"creating {label} session")
         session = None
         try:
-            source = _session_source(model, stack)
-            session = ort.InferenceSession(
-                source, _session_options(), providers=["CPUExecutionProvider"]
-            )
-            del source
+            session = _create_session(model, stack, label, notify)
         except Exception as e:
             failure = _OrtFailure("session creation", _error_text(e))
         if session is not None:
@@ -1015,6 +1012,40 @@ def _run_all(
         runs.append(per_sample)
     notify(ProgressStep(f"{label} runs done", n * repeats, n * repeats))
     return runs, seconds, None
+
+
+def _create_session(model: ModelSource, stack: contextlib.ExitStack, label: str,
+                    notify: Progress) -> ort.InferenceSession:
+    """A CPU session of ``model``; at the newest IR version onnxruntime reads when it refuses
+    a newer one that the model's opsets do not need (onnx 1.23's ``make_model`` writes IR 14,
+    onnxruntime 1.31 reads up to 13: the number only says which file-format features a
+    model may use, and onnxruntime still checks every one it finds)."""
+    try:
+        return ort.InferenceSession(_session_source(model, stack), _session_options(),
+                                    providers=["CPUExecutionProvider"])
+    except Exception as e:  # noqa: BLE001 - re-raised unless the IR version is the cause
+        refused = _IR_REFUSED.search(str(e))
+        if refused is None:
+            raise
+        error = e
+    loaded = model if isinstance(model, ir.Model) else _load_for_inputs(model)
+    supported = int(refused.group(2))
+    needed = onnx.helper.find_min_ir_version_for(
+        [onnx.helper.make_opsetid(d, v) for d, v in loaded.opset_imports.items()],
+        ignore_unknown=True)
+    if needed > supported:
+        raise error
+    written = loaded.ir_version
+    loaded.ir_version = supported
+    try:
+        source = _session_source(loaded, stack)
+    finally:
+        loaded.ir_version = written  # the caller's model (the candidate) keeps its version
+    notify(f"{label}: IR version {written} read as {supported}, the newest onnxruntime reads")
+    return ort.InferenceSession(source, _session_options(), providers=["CPUExecutionProvider"])
+
+
+_IR_REFUSED = re.compile(r"Unsupported model IR version: (\d+), max supported IR version: (\d+)")
 
 
 def _session_options() -> ort.SessionOptions:

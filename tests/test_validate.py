@@ -1214,3 +1214,30 @@ def test_a_given_shape_of_a_dim_named_with_a_slash_is_not_checked_as_a_quotient(
     two.graph.inputs[1].shape = ir.Shape([1, ir.SymbolicDim("h/2")])
     feeds = v.generate_inputs(two, v.ValidationOptions(shapes={"a": (1, 9), "b": (1, 4)}))
     assert feeds["b"].shape == (1, 4)
+
+
+def test_a_model_written_at_a_newer_ir_version_than_onnxruntime_reads_is_validated(tmp_path):
+    """onnx 1.23's make_model writes IR 14 and onnxruntime 1.31 reads up to 13: the model is
+    run at the newest IR onnxruntime reads (its opsets need 7), the caller's model keeps its
+    version; a model whose opsets need the newer IR still fails with onnxruntime's reason."""
+    newest = onnx.IR_VERSION
+    relu = model("g (float[N, 4] x) => (float[N, 4] y) { y = Relu(x) }")
+    relu.ir_version = newest
+    try:
+        onnxruntime.InferenceSession(ir.to_proto(relu).SerializeToString(),
+                                     providers=["CPUExecutionProvider"])
+        pytest.skip("this onnxruntime reads onnx's newest IR version")
+    except Exception as e:  # noqa: BLE001 - the refusal this test is about
+        assert "Unsupported model IR version" in str(e)
+    path = tmp_path / "relu.onnx"
+    ir.save(relu, path)
+    progress: list[str] = []
+    assert v.validate(str(path), relu, progress=progress.append).passed
+    assert relu.ir_version == newest
+    assert sum("read as" in str(p) for p in progress) == 2  # reference and candidate
+    opset = onnx.defs.onnx_opset_version()
+    if onnx.helper.find_min_ir_version_for([onnx.helper.make_opsetid("", opset)]) == newest:
+        latest = model("g (float[N, 4] x) => (float[N, 4] y) { y = Relu(x) }",
+                       header=f'<ir_version: {newest}, opset_import: ["" : {opset}]>')
+        with pytest.raises(BadInputError, match="onnxruntime cannot run"):
+            v.run_reference(latest)
