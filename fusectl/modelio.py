@@ -611,6 +611,26 @@ def _entries(proto: onnx.ModelProto) -> int:
                + len(g.output))
 
 
+def _if_without_its_outputs(graph: onnx.GraphProto) -> str | None:
+    """An If whose branches return another number of values than it has outputs, which
+    onnx's checker lets through and onnxruntime refuses (onnxoptimizer's tests build one)."""
+    for node in graph.node:
+        if node.op_type not in ("If", "Loop", "Scan"):  # (a 100k-node graph: no attribute walk)
+            continue
+        branches = [a.g for a in node.attribute if a.HasField("g")]
+        if node.op_type == "If" and node.domain in ("", "ai.onnx"):
+            for branch in branches:
+                if len(branch.output) != len(node.output):
+                    return (f"If node {node.name or node.output[0]!r} has {len(node.output)} "
+                            f"outputs but its branch {branch.name!r} returns "
+                            f"{len(branch.output)}")
+        for sub in (*branches, *(g for a in node.attribute for g in a.graphs)):
+            found = _if_without_its_outputs(sub)
+            if found is not None:
+                return found
+    return None
+
+
 def _map_typed_value(graph: onnx.GraphProto) -> str | None:
     """The name of a graph input, output or typed value whose type holds a map, if any."""
     for value in (*graph.input, *graph.output, *graph.value_info):
@@ -655,6 +675,9 @@ def load_model(path: str | Path) -> ir.Model:
     repairs = _run_checker(p, proto, external=bool(data_files))
     if repairs:
         light = None  # the bytes as read hold the faults
+    branchless = _if_without_its_outputs(proto.graph)
+    if branchless is not None:
+        raise _bad(p, f"not a valid ONNX model ({branchless})")
     mapped = _map_typed_value(proto.graph)
     if mapped is not None:
         raise _bad(p, _map_message(proto.graph, f"value {mapped!r} is a map"))

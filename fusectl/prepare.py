@@ -447,7 +447,7 @@ def _fold(model: ir.Model) -> bool:
             output_size_limit=FOLD_OUTPUT_LIMIT,
             should_fold=_should_fold,
         ).modified
-    except RuntimeError:
+    except (RuntimeError, ValueError):  # ValueError: a malformed If the checker let through
         return True  # maybe modified: shapes are inferred again
     finally:
         folder_log.setLevel(level)

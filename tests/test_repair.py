@@ -167,3 +167,22 @@ def test_the_float64_reference_runs_an_input_out_of_order(tmp_path: Path) -> Non
     x = np.linspace(-2, 2, 16, dtype=np.float32).reshape(2, 8)
     outputs = Float64Run(str(path)).run({"x": x})
     assert np.allclose(outputs["z"], np.maximum(1.0 - x, 0.0))
+
+
+def test_an_if_whose_branches_return_too_few_values_is_bad_input(tmp_path: Path, capsys
+                                                                 ) -> None:
+    """onnx's checker lets it through, onnxruntime refuses it, and onnxscript's folder
+    raised on it (an internal error): one line, exit 2 (onnxoptimizer's lift_lex_if test)."""
+    empty = oh.make_graph([oh.make_node("Identity", ["x"], ["t"])], "branch", [], [])
+    nodes = [oh.make_node("Constant", [], ["c"], value=oh.make_tensor("c", onnx.TensorProto.BOOL,
+                                                                      [], [True])),
+             oh.make_node("If", ["c"], ["a", "b"], then_branch=empty, else_branch=empty)]
+    graph = oh.make_graph(nodes, "g",
+                          [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2])],
+                          [oh.make_tensor_value_info("a", onnx.TensorProto.FLOAT, [2])])
+    path = _write(tmp_path, oh.make_model(graph, opset_imports=[oh.make_opsetid("", 13)],
+                                          ir_version=8))
+    code = main(["optimize", str(path), "-o", str(tmp_path / "out.onnx"), "--no-validate"])
+    err = capsys.readouterr().err
+    assert code == 2 and "has 2 outputs but its branch 'branch' returns 0" in err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "out.onnx").exists()
