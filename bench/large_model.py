@@ -14,7 +14,6 @@ import argparse
 import json
 import math
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -169,17 +168,38 @@ def build_llm(folder: Path, shape: Shape = Shape(), name: str = "llm.onnx") -> P
     return path
 
 
+def _tree_rss(pid: int) -> int:
+    """Resident bytes of a process and its descendants now (Linux's /proc; 0 elsewhere)."""
+    total, stack = 0, [pid]
+    while stack:
+        current = stack.pop()
+        try:
+            for line in Path(f"/proc/{current}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) * 1024
+            for task in Path(f"/proc/{current}/task").iterdir():
+                stack += [int(c) for c in (task / "children").read_text().split()]
+        except (OSError, ValueError):
+            continue  # ended meanwhile
+    return total
+
+
 def _peak_child(command: list[str]) -> tuple[int, float, subprocess.CompletedProcess]:
-    """Run ``command``; its peak RSS in bytes (Linux: ru_maxrss in KiB), wall seconds."""
+    """Run ``command``; the peak of its resident memory summed with its children's
+    (fusectl runs onnxruntime in a child process), sampled every 50 ms, and wall seconds."""
     start = time.perf_counter()
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
-    seconds = time.perf_counter() - start
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    if peak <= before:  # an earlier child was bigger: the maximum hides this one
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        process = subprocess.Popen(command, stdout=out, stderr=err, text=True, env=env)
         peak = 0
-    return peak * 1024, seconds, done
+        while process.poll() is None:
+            peak = max(peak, _tree_rss(process.pid))
+            time.sleep(0.05)
+        seconds = time.perf_counter() - start
+        out.seek(0)
+        err.seek(0)
+        done = subprocess.CompletedProcess(command, process.returncode, out.read(), err.read())
+    return peak, seconds, done
 
 
 def main() -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import onnx_ir as ir
 
-from . import modelio, traffic
+from . import modelio, ortprocess, traffic
 from .bisect import DEFAULT_BUDGET
 from .bisect import bisect as find_guilty
 from .boundshapes import bound_shapes
@@ -234,6 +234,8 @@ def optimize(
         reference = str(model)
         source = str(model)
     input_repairs = tuple(working.meta.get(modelio.META_INPUT_REPAIRS, ()))
+    if check:
+        ortprocess.warm_up()  # onnxruntime's process starts while the model is rewritten
     if rules is None:
         rules = load_rule_set(target=active)
     seconds["load"] = time.perf_counter() - clock

@@ -8,7 +8,8 @@ as a path (or holding external data) is loaded by onnxruntime from disk. The ref
 outputs are kept (``ReferenceRun``) so that bisection can check many candidates against
 them without running the reference again.
 
-This is the only module of fusectl that imports onnxruntime. It never prints: it returns
+onnxruntime runs in a child process (:mod:`fusectl.ortprocess`): a crash inside it is an
+error fusectl reports. This module never prints: it returns
 results, and reports progress through an optional callback.
 
 Generated inputs (when the user does not provide an array for an input):
@@ -51,12 +52,10 @@ held against the candidate. Without a generated float input there is no range sa
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import math
 import os
 import re
 import tempfile
-import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -65,13 +64,14 @@ from typing import Any
 import numpy as np
 import onnx
 import onnx_ir as ir
-import onnxruntime as ort
 from onnx_ir.passes.common import TopologicalSortPass
 
 from fusectl import float64
 from fusectl.errors import BadInputError, first_line
+from fusectl.ortprocess import OrtError, Session, open_session
 from fusectl.protowire import encode_model
 
+from .ortchild import RAW
 from .shapeexpr import OPAQUE_OPERATORS, expression_symbols
 from .shapes import infer_model_shapes
 
@@ -101,11 +101,15 @@ Progress = Callable[[str], None]
 InputKey = str | int
 """An input's name, or its position among the model's runtime inputs (unnamed .pb tensors)."""
 
+# Above this many bytes a model goes to onnxruntime's process in a file, not through the pipe.
+_PIPE_LIMIT_BYTES = 64 << 20
+
 # Above this much tensor data an in-memory ModelProto risks protobuf's 2 GiB limit, so the
 # model goes to a temporary file with external data instead. Tests lower it.
 _PROTO_LIMIT_BYTES = int(1.8 * 1024**3)
 
-_BATCH_NAMES = frozenset({"n", "b", "batch", "batch_size"})
+_BATCH_NAMES = frozenset({"batch", "batch_size"})
+_SHORT_BATCH_NAMES = frozenset({"n", "b"})
 _DEFAULT_BATCH = 2
 _FALLBACK_BATCH = 1
 _DEFAULT_DIM = 8
@@ -140,26 +144,6 @@ _FLOAT_TOLERANCES: dict[ir.DataType, tuple[float, float]] = {
     ir.DataType.FLOAT16: (1e-2, 1e-3),
     ir.DataType.BFLOAT16: (2e-2, 1e-2),
 }
-
-# Element types onnxruntime's Python binding converts to and from numpy by itself.
-_ORT_NATIVE_TYPES = frozenset(
-    {
-        "float",
-        "float16",
-        "double",
-        "int8",
-        "int16",
-        "int32",
-        "int64",
-        "uint8",
-        "uint16",
-        "uint32",
-        "uint64",
-        "bool",
-        "string",
-    }
-)
-
 
 # --------------------------------------------------------------------------- public types
 
@@ -637,7 +621,7 @@ def _tensor_signature(value: ir.Value, rank_known: bool = True
 
 
 def _resolve_dim(dim: int | ir.SymbolicDim, dims: Mapping[str, int], bound: Mapping[str, int],
-                 named: Mapping[str, bool] | None = None, batch: int = _DEFAULT_BATCH,
+                 named: Mapping[str, bool | None] | None = None, batch: int = _DEFAULT_BATCH,
                  size: int = _DEFAULT_DIM, leading: bool = False):
     """The size to generate for one dim. ``named``: the inputs' dim names, each with whether
     it leads an input (``_symbolic_names``); ``leading``: this dim, if unnamed, leads its
@@ -657,7 +641,7 @@ def _resolve_dim(dim: int | ir.SymbolicDim, dims: Mapping[str, int], bound: Mapp
         computed = _expression_dim(dim, dims, bound, named, batch, size)
         if computed is not None:
             return computed
-    if _batch_like(name):
+    if _batch_like(name, named):
         return batch
     return _leading_size(batch, size) if named.get(name) else size
 
@@ -670,20 +654,28 @@ def _leading_size(batch: int, size: int) -> int:
     return 1 if batch == 1 else min(size, _DEFAULT_DIM)
 
 
-def _batch_like(name: str) -> bool:
+def _batch_like(name: str, named: Mapping[str, bool | None]) -> bool:
+    """A batch by name: ``batch``, ``batch_size`` or anything containing ``batch``; ``N``
+    and ``B`` only where they lead an input (onnx-asr's ``waveforms [batch_size, N]`` names
+    the samples N, and needs hundreds of them)."""
     lowered = name.lower()
+    if lowered in _SHORT_BATCH_NAMES:
+        return named.get(name, True) is not None
     return lowered in _BATCH_NAMES or "batch" in lowered
 
 
-def _symbolic_names(runtime: list[ir.Value]) -> dict[str, bool]:
+def _symbolic_names(runtime: list[ir.Value]) -> dict[str, bool | None]:
     """The symbolic dim names the inputs use, in order, each with whether it leads some
-    input of rank 2 or more (then it is sized as such everywhere: one name, one size)."""
-    names: dict[str, bool] = {}
+    input of rank 2 or more (True: then it is sized as such everywhere, one name, one size),
+    leads only 1-D inputs (False) or no input at all (None)."""
+    names: dict[str, bool | None] = {}
     for value in runtime:
         shape = value.shape or ()
         for axis, dim in enumerate(shape):
             if isinstance(dim, ir.SymbolicDim) and dim.value is not None:
-                names[dim.value] = names.get(dim.value, False) or _leading(axis, shape)
+                seen = names.get(dim.value)
+                here = _leading(axis, shape) or (False if axis == 0 else None)
+                names[dim.value] = here if seen is None else (seen or here or False)
     return names
 
 
@@ -714,7 +706,7 @@ def _generated_shapes(model: ir.Model, options: ValidationOptions
 
 
 def _input_dims(shape: ir.Shape, options: ValidationOptions, bound: Mapping[str, int],
-                named: Mapping[str, bool]) -> tuple[int, ...]:
+                named: Mapping[str, bool | None]) -> tuple[int, ...]:
     """The sizes generated for one input's dims."""
     return tuple(_resolve_dim(d, options.dims, bound, named, options.batch, options.size,
                               _leading(axis, shape)) for axis, d in enumerate(shape))
@@ -726,7 +718,7 @@ def _leading(axis: int, shape: ir.Shape | tuple) -> bool:
 
 
 def _expression_dim(dim: ir.SymbolicDim, dims: Mapping[str, int], bound: Mapping[str, int],
-                    named: Mapping[str, bool], batch: int, size: int) -> int | None:
+                    named: Mapping[str, bool | None], batch: int, size: int) -> int | None:
     """A dim spelled as an expression of dims that inputs name on their own (torch's
     ``s16 + s62``), each resolved as such; None for anything else (``seq-len`` is a name,
     not a difference) and for a result below 1."""
@@ -960,15 +952,15 @@ def _run_session(
         session = None
         try:
             session = _create_session(model, stack, label, notify)
-        except Exception as e:
-            failure = _OrtFailure("session creation", _error_text(e))
+        except OrtError as e:
+            failure = _OrtFailure("session creation", e.message)
         if session is not None:
             try:
                 runs, seconds, failure = _run_all(
                     session, feed_sets, repeats, label, notify, only_known_inputs, until
                 )
             finally:
-                del session
+                session.close()
             notify(f"released {label} session")
     if failure is not None:
         raise failure
@@ -976,7 +968,7 @@ def _run_session(
 
 
 def _run_all(
-    session: ort.InferenceSession,
+    session: Session,
     feed_sets: Sequence[Mapping[str, np.ndarray]],
     repeats: int,
     label: str,
@@ -986,7 +978,7 @@ def _run_all(
 ) -> tuple[list[list[dict[str, np.ndarray]]], float, _OrtFailure | None]:
     runs: list[list[dict[str, np.ndarray]]] = []
     seconds = 0.0
-    expected = {i.name for i in session.get_inputs()}
+    expected = set(session.input_names)
     n = len(feed_sets)
     for s, feeds in enumerate(feed_sets):
         if only_known_inputs:
@@ -997,13 +989,12 @@ def _run_all(
             done = s * repeats + r
             message = f"{label} run{repeat_text} (sample {s + 1}/{n})"
             notify(ProgressStep(message, done, n * repeats))
-            start = time.perf_counter()
             try:
-                outputs = _run_once(session, feeds)
-            except Exception as e:
-                return runs, seconds, _OrtFailure("run", _error_text(e))
+                outputs, took = _run_once(session, feeds)
+            except OrtError as e:
+                return runs, seconds, _OrtFailure("run", e.message)
             if r == 0:
-                seconds += time.perf_counter() - start
+                seconds += took
             if until is not None:
                 if until(s, outputs):
                     return runs, seconds, None
@@ -1015,16 +1006,16 @@ def _run_all(
 
 
 def _create_session(model: ModelSource, stack: contextlib.ExitStack, label: str,
-                    notify: Progress) -> ort.InferenceSession:
-    """A CPU session of ``model``; at the newest IR version onnxruntime reads when it refuses
-    a newer one that the model's opsets do not need (onnx 1.23's ``make_model`` writes IR 14,
-    onnxruntime 1.31 reads up to 13: the number only says which file-format features a
-    model may use, and onnxruntime still checks every one it finds)."""
+                    notify: Progress) -> Session:
+    """A session of ``model`` (:mod:`fusectl.ortprocess`); at the newest IR version
+    onnxruntime reads when it refuses a newer one that the model's opsets do not need (onnx
+    1.23's ``make_model`` writes IR 14, onnxruntime 1.31 reads up to 13: the number only says
+    which file-format features a model may use, and onnxruntime still checks every one it
+    finds)."""
     try:
-        return ort.InferenceSession(_session_source(model, stack), _session_options(),
-                                    providers=["CPUExecutionProvider"])
-    except Exception as e:  # noqa: BLE001 - re-raised unless the IR version is the cause
-        refused = _IR_REFUSED.search(str(e))
+        return open_session(_session_source(model, stack))
+    except OrtError as e:
+        refused = _IR_REFUSED.search(e.message)
         if refused is None:
             raise
         error = e
@@ -1042,17 +1033,10 @@ def _create_session(model: ModelSource, stack: contextlib.ExitStack, label: str,
     finally:
         loaded.ir_version = written  # the caller's model (the candidate) keeps its version
     notify(f"{label}: IR version {written} read as {supported}, the newest onnxruntime reads")
-    return ort.InferenceSession(source, _session_options(), providers=["CPUExecutionProvider"])
+    return open_session(source)
 
 
 _IR_REFUSED = re.compile(r"Unsupported model IR version: (\d+), max supported IR version: (\d+)")
-
-
-def _session_options() -> ort.SessionOptions:
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.log_severity_level = 4  # fatal only: a failed run becomes our one-line error
-    return options
 
 
 def _given_inputs(runtime: list[ir.Value], options: ValidationOptions) -> dict[str, Any]:
@@ -1086,7 +1070,16 @@ def _session_source(model: ModelSource, stack: contextlib.ExitStack) -> str | by
         return os.fspath(model)
     data_bytes, has_external = _tensor_data_size(model)
     if data_bytes < _PROTO_LIMIT_BYTES and not has_external:
-        return encode_model(model).tobytes()  # one copy of the weights, not two
+        encoded = encode_model(model)
+        if encoded.size <= _PIPE_LIMIT_BYTES:
+            return encoded.tobytes()
+        # through a file, not the pipe: onnxruntime's process reads it without a second copy
+        # of the weights in memory (the pieces are views of this process's tensors)
+        directory = stack.enter_context(tempfile.TemporaryDirectory(prefix="fusectl-validate-"))
+        path = os.path.join(directory, "model.onnx")
+        with open(path, "wb") as f:
+            encoded.write(f)
+        return path
     directory = stack.enter_context(tempfile.TemporaryDirectory(prefix="fusectl-validate-"))
     path = os.path.join(directory, "model.onnx")
     ir.save(model, path, external_data="model.data")
@@ -1112,54 +1105,40 @@ def _tensor_data_size(model: ir.Model) -> tuple[int, bool]:
     return total, any(isinstance(t, ir.ExternalTensor) for t in tensors)
 
 
-def _run_once(session: ort.InferenceSession, feeds: Mapping[str, np.ndarray]):
-    output_meta = session.get_outputs()
-    names = [o.name for o in output_meta]
-    needs_ortvalue = any(not _numpy_native(np.asarray(a).dtype) for a in feeds.values()) or any(
-        _tensor_type_name(o.type) not in (None, *_ORT_NATIVE_TYPES) for o in output_meta
-    )
-    if needs_ortvalue:
-        ort_feeds = {k: _to_ortvalue(np.asarray(v)) for k, v in feeds.items()}
-        values = [_from_ortvalue(v) for v in session.run_with_ort_values(names, ort_feeds)]
-    else:
-        values = session.run(names, dict(feeds))
+def _run_once(session: Session, feeds: Mapping[str, np.ndarray]
+              ) -> tuple[dict[str, np.ndarray], float]:
+    """One run's outputs by name (sequences and maps flattened) and its seconds."""
+    packed = {k: _pack(np.asarray(v)) for k, v in feeds.items()}
+    values, seconds = session.run(packed)
     flat: dict[str, np.ndarray] = {}
-    for name, value in zip(names, values, strict=True):
-        _flatten(name, value, flat)
-    return flat
-
-
-def _tensor_type_name(ort_type: str) -> str | None:
-    if ort_type.startswith("tensor(") and ort_type.endswith(")"):
-        return ort_type[len("tensor(") : -1]
-    return None
+    for name, value in zip(session.output_names, values, strict=True):
+        _flatten(name, _unpack(value), flat)
+    return flat, seconds
 
 
 def _numpy_native(dtype: np.dtype) -> bool:
     return dtype.type.__module__ == "numpy"
 
 
-def _to_ortvalue(arr: np.ndarray) -> ort.OrtValue:
+def _pack(arr: np.ndarray) -> Any:
+    """An array as onnxruntime's process takes it: numpy's own types as they are, the others
+    (bfloat16, float8, 4-bit: ml_dtypes) as ONNX packs them."""
     if _numpy_native(arr.dtype):
-        return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(arr))
+        return arr
     element_type = int(ir.DataType.from_numpy(arr.dtype))
-    raw = ir.Tensor(np.ascontiguousarray(arr)).tobytes()  # packs 4-bit types like ONNX does
-    value = ort.OrtValue.ortvalue_from_shape_and_type(list(arr.shape), element_type, "cpu", 0)
-    if len(raw) != value.tensor_size_in_bytes():
-        raise ValueError(f"cannot feed a {arr.dtype} array of shape {arr.shape} to onnxruntime")
-    if raw:
-        ctypes.memmove(value.data_ptr(), raw, len(raw))
+    data = ir.Tensor(np.ascontiguousarray(arr)).tobytes()  # packs 4-bit types like ONNX does
+    return (RAW, element_type, tuple(arr.shape), data)
+
+
+def _unpack(value: Any) -> Any:
+    """An output as numpy holds it (the inverse of :func:`_pack`)."""
+    if isinstance(value, tuple) and len(value) == 4 and value[0] == RAW:
+        _, element_type, shape, data = value
+        proto = onnx.helper.make_tensor("output", element_type, shape, data, raw=True)
+        return onnx.numpy_helper.to_array(proto)
+    if isinstance(value, list):
+        return [_unpack(v) for v in value]
     return value
-
-
-def _from_ortvalue(value: ort.OrtValue) -> Any:
-    type_name = _tensor_type_name(value.data_type())
-    if type_name is None or type_name in _ORT_NATIVE_TYPES:
-        return value.numpy()
-    size = value.tensor_size_in_bytes()
-    raw = ctypes.string_at(value.data_ptr(), size) if size else b""
-    proto = onnx.helper.make_tensor("output", value.element_type(), value.shape(), raw, raw=True)
-    return onnx.numpy_helper.to_array(proto)
 
 
 def _flatten(name: str, value: Any, out: dict[str, np.ndarray]) -> None:

@@ -5,18 +5,17 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import weakref
 from pathlib import Path
 
 import numpy as np
 import onnx_ir as ir
-import onnxruntime
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import fusectl
-from fusectl import api
+from fusectl import api, ortprocess
+from fusectl import validate as validation
 from fusectl.bisect import bisect
 from fusectl.cli import main
 from fusectl.validate import ValidationResult, generate_inputs, run_model, validate
@@ -189,18 +188,17 @@ def test_wrong_rule_is_bisected_reverted_and_the_rest_kept(samples: Path, wrong_
 def test_reference_runs_once_and_sessions_never_coexist(samples: Path, wrong_rules,
                                                         monkeypatch):
     sources: list[object] = []
-    alive: list[weakref.ref] = []
+    created: list[ortprocess.Session] = []
     alive_at_creation: list[int] = []
-    real = onnxruntime.InferenceSession
+    real = ortprocess.open_session
 
-    class Tracking(real):
-        def __init__(self, source, *args, **kwargs):
-            alive_at_creation.append(sum(r() is not None for r in alive))
-            sources.append(source)
-            super().__init__(source, *args, **kwargs)
-            alive.append(weakref.ref(self))
+    def tracking(source):
+        alive_at_creation.append(sum(s._open for s in created))
+        sources.append(source)
+        created.append(real(source))
+        return created[-1]
 
-    monkeypatch.setattr(onnxruntime, "InferenceSession", Tracking)
+    monkeypatch.setattr(validation, "open_session", tracking)
     result = fusectl.optimize(samples / "cnn.onnx", rules=wrong_rules)
     assert result.bisection is not None
     reference = str(samples / "cnn.onnx")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import weakref
 from dataclasses import replace
 
 import ml_dtypes
@@ -14,6 +13,7 @@ import onnx_ir as ir
 import onnxruntime
 import pytest
 
+from fusectl import ortprocess
 from fusectl import validate as v
 from fusectl.errors import BadInputError
 
@@ -461,40 +461,43 @@ def test_broken_reference_raises_bad_input():
 
 
 def test_sessions_never_coexist_and_are_released(monkeypatch):
-    created: list[weakref.ref] = []
-    alive_at_creation: list[int] = []
-    real = onnxruntime.InferenceSession
+    created: list[ortprocess.Session] = []
+    open_at_creation: list[int] = []
+    real = ortprocess.open_session
 
-    class Tracking(real):
-        def __init__(self, *args, **kwargs):
-            alive_at_creation.append(sum(ref() is not None for ref in created))
-            super().__init__(*args, **kwargs)
-            created.append(weakref.ref(self))
+    def tracking(source):
+        open_at_creation.append(sum(s._open for s in created))
+        created.append(real(source))
+        return created[-1]
 
-    monkeypatch.setattr(onnxruntime, "InferenceSession", Tracking)
+    monkeypatch.setattr(v, "open_session", tracking)
     ref = add_const("0.0, 1.0, 2.0")
     assert v.validate(ref, add_const("0.0, 1.0, 2.0"), v.ValidationOptions(samples=2)).passed
     bad = model("g (float[N, 3] x) => (float[N, 3] y) { y = Neg(x, x, x) }")
     assert v.validate(ref, bad).error is not None
     assert len(created) == 3  # reference, candidate, reference (the broken one never loads)
-    assert alive_at_creation == [0, 0, 0, 0]
-    assert all(r() is None for r in created)  # nothing retained a session
+    assert open_at_creation == [0, 0, 0, 0]
+    assert not any(s._open for s in created)  # every session was released
 
 
-def test_session_options_disable_optimizations(monkeypatch):
-    seen = []
-    real = onnxruntime.InferenceSession
+def test_onnxruntime_process_holds_one_session_at_a_time():
+    with ortprocess.open_session(proto_bytes(add_const("1, 2, 3"))) as session:
+        assert session.input_names == ["x"] and session.output_names == ["y"]
+        with pytest.raises(ortprocess.OrtError, match="a session is open already"):
+            ortprocess.open_session(proto_bytes(add_const("1, 2, 3")))
+    with ortprocess.open_session(proto_bytes(add_const("1, 2, 3"))) as again:
+        (y,), _ = again.run({"x": np.zeros((1, 3), np.float32)})
+    assert y.tolist() == [[1.0, 2.0, 3.0]]
 
-    def spy(source, sess_options=None, **kwargs):
-        seen.append((sess_options, kwargs))
-        return real(source, sess_options, **kwargs)
 
-    monkeypatch.setattr(onnxruntime, "InferenceSession", spy)
-    v.run_model(add_const("1, 2, 3"), {"x": np.zeros((1, 3), np.float32)})
-    ((options, kwargs),) = seen
+def test_session_options_disable_optimizations():
+    from fusectl import ortchild
+
+    options = ortchild.session_options()
     assert options.graph_optimization_level == onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
     assert options.log_severity_level == 4  # fatal only: our one-line error instead
-    assert kwargs["providers"] == ["CPUExecutionProvider"]
+    session = ortchild.open_session(proto_bytes(add_const("1, 2, 3")))
+    assert session.get_providers() == ["CPUExecutionProvider"]
 
 
 def test_models_are_not_modified_including_external_data_route(monkeypatch):
@@ -775,13 +778,13 @@ def test_error_histogram_buckets_by_decade():
 def session_sources(monkeypatch) -> list[object]:
     """What each onnxruntime session is created from, in order."""
     sources: list[object] = []
-    real = onnxruntime.InferenceSession
+    real = ortprocess.open_session
 
-    def spy(source, *args, **kwargs):
+    def spy(source):
         sources.append(source)
-        return real(source, *args, **kwargs)
+        return real(source)
 
-    monkeypatch.setattr(onnxruntime, "InferenceSession", spy)
+    monkeypatch.setattr(v, "open_session", spy)
     return sources
 
 

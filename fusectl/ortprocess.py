@@ -1,0 +1,195 @@
+"""onnxruntime sessions in a child process, so that a crash inside onnxruntime is an error.
+
+A kernel of onnxruntime that faults (SIGFPE, SIGSEGV) kills the process it runs in; run in
+fusectl's own, it ended fusectl without a word. Sessions live in one long-lived child
+(:mod:`fusectl.ortchild`, started on first use or ahead of it by :func:`warm_up`); when it
+dies, the request in flight raises :class:`OrtError` saying how, and the next session starts
+a new child. Where no child can be started (no Python executable to start it with) sessions
+run in this process instead.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from . import ortchild
+
+__all__ = ["OrtError", "Session", "open_session", "peak_rss", "warm_up"]
+
+_CHILD = str(Path(ortchild.__file__).resolve())
+
+
+class OrtError(Exception):
+    """onnxruntime refused a request, or its process died (``crashed``)."""
+
+    def __init__(self, message: str, crashed: bool = False) -> None:
+        super().__init__(message)
+        self.message = message
+        self.crashed = crashed
+
+
+class _Child:
+    """The child process and its pipes."""
+
+    def __init__(self) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, _CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            close_fds=True)
+
+    def request(self, message: tuple[Any, ...]) -> tuple[str, Any]:
+        assert self.process.stdin is not None and self.process.stdout is not None
+        try:
+            pickle.dump(message, self.process.stdin, protocol=pickle.HIGHEST_PROTOCOL)
+            self.process.stdin.flush()
+            return pickle.load(self.process.stdout)
+        except (BrokenPipeError, EOFError, pickle.UnpicklingError, OSError):
+            raise OrtError(_death(self.process), crashed=True) from None
+
+    def stop(self) -> None:
+        with contextlib.suppress(OSError):
+            if self.process.stdin is not None:
+                self.process.stdin.close()  # the child ends at the end of its input
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+
+
+class _InProcess:
+    """Sessions in this process: where no child can be started."""
+
+    def __init__(self) -> None:
+        self.server = ortchild.Server()
+
+    def request(self, message: tuple[Any, ...]) -> tuple[str, Any]:
+        return self.server.handle(message)
+
+    def stop(self) -> None:
+        self.server.session = None
+
+
+_lock = threading.Lock()
+_worker: _Child | _InProcess | None = None
+
+
+def _death(process: subprocess.Popen) -> str:
+    """How the child ended, in words."""
+    try:
+        code = process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        code = process.wait()
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"onnxruntime crashed ({name})"
+    return f"onnxruntime's process ended unexpectedly (exit code {code})"
+
+
+def _current() -> _Child | _InProcess:
+    global _worker
+    if _worker is None:
+        try:
+            _worker = _Child() if sys.executable else _InProcess()
+        except OSError:
+            _worker = _InProcess()
+    return _worker
+
+
+def _request(message: tuple[Any, ...]) -> Any:
+    """Send one request; raise OrtError with the reply's message, or when the child died
+    (which is then forgotten, so the next request starts another)."""
+    global _worker
+    with _lock:
+        worker = _current()
+        try:
+            status, value = worker.request(message)
+        except OrtError:
+            worker.stop()
+            _worker = None
+            raise
+    if status != "ok":
+        raise OrtError(value)
+    return value
+
+
+def warm_up() -> None:
+    """Start the child now, so that it has imported onnxruntime when validation needs it
+    (it does so while fusectl loads and rewrites the model)."""
+    with _lock:
+        _current()
+
+
+def peak_rss() -> int | None:
+    """The peak resident memory of onnxruntime's process so far, in bytes (Linux's VmHWM;
+    None elsewhere or without a child): benchmarks add it to fusectl's own."""
+    worker = _worker
+    if not isinstance(worker, _Child):
+        return None
+    try:
+        status = Path(f"/proc/{worker.process.pid}/status").read_text()
+    except OSError:
+        return None
+    for line in status.splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return None
+
+
+@atexit.register
+def _stop() -> None:
+    global _worker
+    with _lock:
+        if _worker is not None:
+            _worker.stop()
+            _worker = None
+
+
+class Session:
+    """An open onnxruntime CPU session (optimizations off) in the child; one at a time."""
+
+    def __init__(self, source: str | bytes | os.PathLike[str]) -> None:
+        if not isinstance(source, bytes):
+            source = os.fspath(source)
+        self.input_names, self.output_names = _request(("open", source))
+        self._owner = _worker  # the process holding it: a new one after a crash holds none
+        self._open = True
+
+    def run(self, feeds: Mapping[str, Any]) -> tuple[list[Any], float]:
+        """The outputs in ``output_names`` order, and the seconds onnxruntime ran."""
+        values, seconds = _request(("run", dict(feeds)))
+        return values, seconds
+
+    def close(self) -> None:
+        """Release the session (nothing to release when its process died)."""
+        if self._open:
+            self._open = False
+            if _worker is self._owner:
+                with contextlib.suppress(OrtError):
+                    _request(("close",))
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_session(source: str | bytes | os.PathLike[str]) -> Session:
+    """A session of the model in ``source`` (its bytes, or a path to it)."""
+    return Session(source)
