@@ -3,8 +3,8 @@
 Run by hand: ``python bench/large_model.py [--layers 3 --hidden 4096 --ffn 11008]``.
 Writes the model into a temp folder (weights streamed into the external data file with
 numpy, chunk by chunk: never the whole model in memory), runs ``fusectl optimize`` on it in a
-child process (validation on onnxruntime included), and reports the child's peak RSS
-relative to the model size, the time and the files written. Everything is deleted at the end
+child process (validation on onnxruntime included), and reports its peak RSS summed with
+that of its own onnxruntime process, relative to the model size, the time and the files written. Everything is deleted at the end
 unless ``--keep``. ``tests/test_atomic.py`` runs the same builder at ~20 MB in CI.
 """
 
@@ -168,38 +168,39 @@ def build_llm(folder: Path, shape: Shape = Shape(), name: str = "llm.onnx") -> P
     return path
 
 
-def _tree_rss(pid: int) -> int:
-    """Resident bytes of a process and its descendants now (Linux's /proc; 0 elsewhere)."""
-    total, stack = 0, [pid]
+def _tree_peaks(pid: int, peaks: dict[int, int]) -> None:
+    """Record the peak resident bytes (VmHWM) of a process and its descendants so far
+    (Linux's /proc; nothing elsewhere)."""
+    stack = [pid]
     while stack:
         current = stack.pop()
         try:
             for line in Path(f"/proc/{current}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1]) * 1024
+                if line.startswith("VmHWM:"):
+                    peaks[current] = max(peaks.get(current, 0), int(line.split()[1]) * 1024)
             for task in Path(f"/proc/{current}/task").iterdir():
                 stack += [int(c) for c in (task / "children").read_text().split()]
         except (OSError, ValueError):
             continue  # ended meanwhile
-    return total
 
 
 def _peak_child(command: list[str]) -> tuple[int, float, subprocess.CompletedProcess]:
-    """Run ``command``; the peak of its resident memory summed with its children's
-    (fusectl runs onnxruntime in a child process), sampled every 50 ms, and wall seconds."""
+    """Run ``command``; the sum of its peak resident memory and its children's (fusectl runs
+    onnxruntime in a child process; an upper bound, the peaks need not coincide) read every
+    50 ms, and wall seconds."""
     start = time.perf_counter()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    peaks: dict[int, int] = {}
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         process = subprocess.Popen(command, stdout=out, stderr=err, text=True, env=env)
-        peak = 0
         while process.poll() is None:
-            peak = max(peak, _tree_rss(process.pid))
+            _tree_peaks(process.pid, peaks)
             time.sleep(0.05)
         seconds = time.perf_counter() - start
         out.seek(0)
         err.seek(0)
         done = subprocess.CompletedProcess(command, process.returncode, out.read(), err.read())
-    return peak, seconds, done
+    return sum(peaks.values()), seconds, done
 
 
 def main() -> None:
