@@ -30,6 +30,7 @@ if __name__ == "__main__" and sys.path and (
 import contextlib  # noqa: E402
 import ctypes  # noqa: E402
 import pickle  # noqa: E402
+import signal  # noqa: E402
 import time  # noqa: E402
 from typing import Any, BinaryIO  # noqa: E402
 
@@ -151,6 +152,9 @@ def serve(requests: BinaryIO, replies: BinaryIO) -> None:
 
 
 def main() -> None:
+    # Ctrl-C is the parent's to handle: it stops this process (here it would print a
+    # traceback and leave the parent a reply short)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     # at once: the parent starts this process early, to have it ready when needed (without
     # onnxruntime each request replies the import error)
     with contextlib.suppress(ImportError):

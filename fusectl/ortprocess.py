@@ -55,7 +55,9 @@ class _Child:
         except (BrokenPipeError, EOFError, pickle.UnpicklingError, OSError):
             raise OrtError(_death(self.process), crashed=True) from None
 
-    def stop(self) -> None:
+    def stop(self, kill: bool = False) -> None:
+        if kill:
+            self.process.kill()
         with contextlib.suppress(OSError):
             if self.process.stdin is not None:
                 self.process.stdin.close()  # the child ends at the end of its input
@@ -77,7 +79,7 @@ class _InProcess:
     def request(self, message: tuple[Any, ...]) -> tuple[str, Any]:
         return self.server.handle(message)
 
-    def stop(self) -> None:
+    def stop(self, kill: bool = False) -> None:
         self.server.session = None
 
 
@@ -103,6 +105,8 @@ def _death(process: subprocess.Popen) -> str:
 
 def _current() -> _Child | _InProcess:
     global _worker
+    if isinstance(_worker, _Child) and _worker.process.poll() is not None:
+        _worker = None  # it died between requests (killed from outside): start another
     if _worker is None:
         try:
             _worker = _Child() if sys.executable else _InProcess()
@@ -111,16 +115,26 @@ def _current() -> _Child | _InProcess:
     return _worker
 
 
-def _request(message: tuple[Any, ...]) -> Any:
-    """Send one request; raise OrtError with the reply's message, or when the child died
-    (which is then forgotten, so the next request starts another)."""
+def _request(message: tuple[Any, ...], owner: _Child | _InProcess | None = None) -> Any:
+    """Send one request (to ``owner``, the process holding a session, when given); raise
+    OrtError with the reply's message, or when the child died (which is then forgotten, so
+    the next request starts another)."""
     global _worker
     with _lock:
+        if owner is not None and owner is not _worker:
+            raise OrtError("onnxruntime's process holding the session has ended", crashed=True)
+        if isinstance(owner, _Child) and owner.process.poll() is not None:
+            _worker = None
+            raise OrtError(_death(owner.process), crashed=True)
         worker = _current()
         try:
             status, value = worker.request(message)
         except OrtError:
             worker.stop()
+            _worker = None
+            raise
+        except BaseException:  # Ctrl-C mid-request: the reply would answer the next one
+            worker.stop(kill=True)
             _worker = None
             raise
     if status != "ok":
@@ -172,16 +186,15 @@ class Session:
 
     def run(self, feeds: Mapping[str, Any]) -> tuple[list[Any], float]:
         """The outputs in ``output_names`` order, and the seconds onnxruntime ran."""
-        values, seconds = _request(("run", dict(feeds)))
+        values, seconds = _request(("run", dict(feeds)), self._owner)
         return values, seconds
 
     def close(self) -> None:
         """Release the session (nothing to release when its process died)."""
         if self._open:
             self._open = False
-            if _worker is self._owner:
-                with contextlib.suppress(OrtError):
-                    _request(("close",))
+            with contextlib.suppress(OrtError):
+                _request(("close",), self._owner)
 
     def __enter__(self) -> Session:
         return self

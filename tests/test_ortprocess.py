@@ -177,3 +177,36 @@ def test_the_child_takes_its_own_folder_off_the_path():
     done = subprocess.run([sys.executable, "-c", probe, ortprocess._CHILD], check=True,
                           capture_output=True, text=True, stdin=subprocess.DEVNULL)
     assert done.stderr.strip().endswith("[False, False]"), done.stderr
+
+
+@crashes_on_posix
+def test_a_process_killed_while_idle_is_replaced_quietly():
+    ortprocess.warm_up()
+    idle = ortprocess._worker
+    assert isinstance(idle, ortprocess._Child)
+    idle.process.kill()
+    idle.process.wait()
+    with ortprocess.open_session(frames_without_scan().SerializeToString()) as session:
+        (y,), _ = session.run(feeds(2))
+    assert y.shape == (2, 2, 5) and ortprocess._worker is not idle
+
+
+@crashes_on_posix
+def test_ctrl_c_is_the_parents(monkeypatch):
+    """The child ignores SIGINT (the terminal sends it to both); an interrupt in the parent
+    mid-request stops the child, whose reply would otherwise answer the next request."""
+    ortprocess.warm_up()
+    child = ortprocess._worker
+    assert isinstance(child, ortprocess._Child)
+    os.kill(child.process.pid, signal.SIGINT)
+    with ortprocess.open_session(frames_without_scan().SerializeToString()) as session:
+        session.run(feeds(2))
+    assert ortprocess._worker is child and child.process.poll() is None
+
+    def interrupted(message):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(child, "request", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        ortprocess.open_session(frames_without_scan().SerializeToString())
+    assert ortprocess._worker is None and child.process.poll() is not None
