@@ -4,8 +4,9 @@ Run by hand: ``python bench/large_model.py [--layers 3 --hidden 4096 --ffn 11008
 Writes the model into a temp folder (weights streamed into the external data file with
 numpy, chunk by chunk: never the whole model in memory), runs ``fusectl optimize`` on it in a
 child process (validation on onnxruntime included), and reports its peak RSS summed with
-that of its own onnxruntime process, relative to the model size, the time and the files written. Everything is deleted at the end
-unless ``--keep``. ``tests/test_atomic.py`` runs the same builder at ~20 MB in CI.
+that of its own onnxruntime process, relative to the model size, the time and the files
+written. Everything is deleted at the end unless ``--keep``. ``tests/test_atomic.py`` runs the
+same builder at ~20 MB in CI.
 """
 
 from __future__ import annotations

@@ -26,7 +26,10 @@ Generated inputs (when the user does not provide an array for an input):
 * ``options.input_ranges[name] = (lo, hi)`` wins over every rule below. Floats are uniform in
   ``[lo, hi)``; integers are drawn from ``[lo, hi)`` like Python's ``range``; bools are
   ``x != 0`` for such integers.
-* An input whose name contains ``mask`` is all ones (True for bool).
+* An input whose name contains ``mask`` is all ones (True for bool), or all zeros where True
+  masks out: where it reaches, through id-preserving ops and Nots, the condition of a Where
+  that picks a very negative constant (torch's ``masked_fill(mask, -inf)``, as
+  nn.MultiheadAttention's ``key_padding_mask``, where all True would mask every key).
 * An integer input that feeds, possibly through Cast/CastLike/Unsqueeze/Squeeze/Reshape/
   Flatten/Identity/Expand, the ``indices`` of a Gather or GatherElements (or the ids of a
   com.microsoft EmbedLayerNormalization) is drawn from ``[0, rows)``, where ``rows`` is the
@@ -818,7 +821,8 @@ def _generate(
             "--input-range NAME=LO:HI for decimal-digit strings"
         )
     if "mask" in name.lower():
-        return np.ones(shape, dtype=np_dtype)
+        keep = np.zeros if _true_masks_out(value) else np.ones
+        return keep(shape, dtype=np_dtype)
     if dtype.is_floating_point() or _is_complex(dtype):
         return _floats(rng, dtype, shape, *float_range)
     if dtype.is_integer():
@@ -876,6 +880,41 @@ def _index_bound(value: ir.Value) -> int | None:
             elif domain == "" and node.op_type in _ID_PASSTHROUGH and idx == 0:
                 stack.extend(node.outputs)
     return rows
+
+
+_VERY_NEGATIVE = -1e4
+"""A fill at or below this masks a score out (torch fills -inf; HF's exports fill the dtype's
+lowest value or -10000)."""
+
+
+def _true_masks_out(value: ir.Value) -> bool:
+    """Whether a mask input's True (nonzero) marks what to mask out: it reaches, through
+    id-preserving ops and Nots, the condition of a Where that picks a very negative constant
+    there (torch's ``masked_fill(mask, -inf)``: nn.MultiheadAttention's key_padding_mask).
+    All ones would then mask every key, and the reference's Softmax would return NaN."""
+    seen: set[int] = set()
+    stack = [(value, False)]
+    while stack:
+        current, flipped = stack.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        for use in current.uses():
+            node, idx = use.node, use.idx
+            if node.domain not in ("", "ai.onnx"):
+                continue
+            if node.op_type == "Not":
+                stack.append((node.outputs[0], not flipped))
+            elif node.op_type in _ID_PASSTHROUGH and idx == 0:
+                stack.extend((out, flipped) for out in node.outputs)
+            elif node.op_type == "Where" and idx == 0 and len(node.inputs) == 3:
+                for branch, masks_when in ((node.inputs[1], True), (node.inputs[2], False)):
+                    fill = None if branch is None else ir.convenience.get_const_tensor(branch)
+                    if fill is not None and fill.dtype.is_floating_point():
+                        values = fill.numpy()
+                        if values.size and bool(np.all(values <= _VERY_NEGATIVE)):
+                            return masks_when != flipped
+    return False
 
 
 def _axis_length(data: ir.Value, axis: int) -> int | None:

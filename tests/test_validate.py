@@ -223,6 +223,56 @@ def test_gather_axis_uses_that_axis_length():
     assert v.run_model(m, feeds)["y"].shape == (2, 4)
 
 
+MASKED_FILL = (
+    "g (float[N, S] x, bool[N, S] key_padding_mask) => (float[N, S] y) "
+    "<float ninf = {{-inf}}, float zero = {{0.0}}> "
+    "{{ {body} s = Softmax(a)\n y = Mul(s, x) }}"
+)
+
+
+@pytest.mark.parametrize(("body", "fill"), [
+    # torch's masked_fill(mask, -inf): True masks the key out, so generate False
+    ("m = Unsqueeze(key_padding_mask, zero_axes)\n w = Where(m, ninf, zero)\n a = Add(x, w)",
+     False),
+    # a Not in between: True keeps the key
+    ("m = Not(key_padding_mask)\n w = Where(m, ninf, zero)\n a = Add(x, w)", True),
+    # True picks the zero: it keeps the key
+    ("w = Where(key_padding_mask, zero, ninf)\n a = Add(x, w)", True),
+    # a fill that is not very negative masks nothing out
+    ("w = Where(key_padding_mask, x, zero)\n a = Add(x, w)", True),
+])
+def test_mask_polarity_follows_where_the_mask_fills(body: str, fill: bool):
+    text = MASKED_FILL.format(body=body)
+    if "zero_axes" in text:
+        text = text.replace("float zero = {0.0}>", "float zero = {0.0}, int64[1] zero_axes = {0}>")
+    feeds = v.generate_inputs(model(text))
+    assert feeds["key_padding_mask"].dtype == np.bool_
+    assert np.all(feeds["key_padding_mask"] == fill)
+
+
+def test_key_padding_mask_attention_validates_once_fused():
+    """nn.MultiheadAttention's key_padding_mask (dynamo export, opset 23): with the mask all
+    True every key was masked, the reference's Softmax gave NaN and onnxruntime's fused
+    Attention 0, so the fusion was reverted as a mismatch."""
+    import fusectl
+
+    m = model(
+        "g (float[2,4,6,16] Q, float[8,6,16] k3, float[2,4,6,16] V, bool[2,6] key_padding_mask)"
+        " => (float[2,4,6,16] y)"
+        " <int64[4] sh2 = {2, 4, 16, 6}, float c = {0.5}, float ninf = {-inf},"
+        " float zero = {0.0}, int64[4] rows = {2, 1, 1, 6}, int64[4] heads = {2, 4, 1, 6}> {"
+        " w = Where(key_padding_mask, ninf, zero)  w4 = Reshape(w, rows)"
+        " mask = Expand(w4, heads)"
+        " k3t = Transpose<perm=[0, 2, 1]>(k3)  kt = Reshape(k3t, sh2)"
+        " qs = Mul(Q, c)  ks = Mul(kt, c)  s = MatMul(qs, ks)  a = Add(s, mask)"
+        " p = Softmax<axis=-1>(a)  y = MatMul(p, V) }",
+        header='<ir_version: 10, opset_import: ["" : 23]>',
+    )
+    result = fusectl.optimize(m)
+    assert result.passed and result.bisection is None
+    assert result.rewrite.counts().get("attention-sdpa-flattened-key") == 1
+
+
 def test_attention_mask_is_all_ones_and_shares_dims():
     m = model(
         "g (int64[batch, seq] input_ids, int64[batch, seq] attention_mask) => (int64[batch, seq] y)"
