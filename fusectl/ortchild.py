@@ -12,6 +12,8 @@ stdin/stdout (its own stdout goes to stderr, so nothing onnxruntime prints can g
 * ``("open", source)``: a CPU session of a model given as bytes or a path, optimizations
   off; replies its input and output names.
 * ``("run", feeds)``: run the open session once on ``feeds``; replies ``(outputs, seconds)``.
+
+Before the first reply it writes :data:`READY`.
 * ``("close",)``: release the session.
 
 Every reply is ``("ok", value)`` or ``("error", message)``. Element types numpy lacks
@@ -34,6 +36,10 @@ import signal  # noqa: E402
 import time  # noqa: E402
 from typing import Any, BinaryIO  # noqa: E402
 
+READY = b"\nfusectl-onnxruntime-ready\n"
+"""Written before the first reply: the parent skips what came before it (a sitecustomize or
+.pth file that prints while the interpreter starts) and knows the script runs."""
+
 RAW = "fusectl-raw-tensor"
 """``(RAW, element_type, shape, data)``: a tensor numpy cannot hold, as ONNX packs it."""
 
@@ -42,6 +48,8 @@ NATIVE_TYPES = frozenset({
     "uint32", "uint64", "bool", "string",
 })
 """Element types onnxruntime's Python binding converts to and from numpy by itself."""
+
+PATH_VARIABLE = "FUSECTL_ORT_SYS_PATH"
 
 
 def session_options() -> Any:
@@ -63,7 +71,6 @@ def open_session(source: str | bytes) -> Any:
 
 def run_session(session: Any, feeds: dict[str, Any]) -> tuple[list[Any], float]:
     """The outputs of one run, in the session's output order, and its seconds."""
-    import numpy as np
 
     meta = session.get_outputs()
     names = [o.name for o in meta]
@@ -74,7 +81,7 @@ def run_session(session: Any, feeds: dict[str, Any]) -> tuple[list[Any], float]:
         ort_feeds = {k: _to_ortvalue(v) for k, v in feeds.items()}
         values = [_from_ortvalue(v) for v in session.run_with_ort_values(names, ort_feeds)]
     else:
-        values = session.run(names, {k: np.asarray(v) for k, v in feeds.items()})
+        values = session.run(names, dict(feeds))
     return values, time.perf_counter() - start
 
 
@@ -155,12 +162,18 @@ def main() -> None:
     # Ctrl-C is the parent's to handle: it stops this process (here it would print a
     # traceback and leave the parent a reply short)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    extra = os.environ.get(PATH_VARIABLE)
+    if extra:  # the parent's sys.path: the same onnxruntime and numpy, however it found them
+        sys.path[:0] = [p for p in extra.split(os.pathsep) if p not in sys.path]
     # at once: the parent starts this process early, to have it ready when needed (without
     # onnxruntime each request replies the import error)
     with contextlib.suppress(ImportError):
         import onnxruntime  # noqa: F401
+    sys.stdout.flush()
     replies = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # onnxruntime's prints go to stderr
+    replies.write(READY)
+    replies.flush()
     serve(sys.stdin.buffer, replies)
 
 

@@ -38,13 +38,47 @@ class OrtError(Exception):
         self.crashed = crashed
 
 
+_READY_SECONDS = 60.0
+"""How long a new child may take to say it runs (it imports onnxruntime first)."""
+
+
 class _Child:
     """The child process and its pipes."""
 
     def __init__(self) -> None:
+        env = {**os.environ, ortchild.PATH_VARIABLE: os.pathsep.join(
+            p for p in sys.path if isinstance(p, str) and p)}
         self.process = subprocess.Popen(
             [sys.executable, _CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            close_fds=True)
+            close_fds=True, env=env,
+            start_new_session=os.name == "posix")  # Ctrl-C reaches fusectl only
+        self.ready = False
+
+    def wait_ready(self) -> bool:
+        """Skip what the interpreter printed before the child's first words (a
+        sitecustomize's output) up to :data:`ortchild.READY`; False when they do not come (the
+        executable is not a Python that can run the script: a frozen or embedded one)."""
+        stdout = self.process.stdout
+        assert stdout is not None
+        seen: list[bool] = []
+
+        def read() -> None:
+            skipped = 0
+            marker = ortchild.READY.lstrip(b"\n")
+            while skipped < (1 << 20):
+                line = stdout.readline()
+                if not line:
+                    return
+                if line == marker:
+                    seen.append(True)
+                    return
+                skipped += len(line)
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        reader.join(_READY_SECONDS)
+        self.ready = bool(seen)
+        return self.ready
 
     def request(self, message: tuple[Any, ...]) -> tuple[str, Any]:
         assert self.process.stdin is not None and self.process.stdout is not None
@@ -106,7 +140,8 @@ def _death(process: subprocess.Popen) -> str:
 def _current() -> _Child | _InProcess:
     global _worker
     if isinstance(_worker, _Child) and _worker.process.poll() is not None:
-        _worker = None  # it died between requests (killed from outside): start another
+        _worker.stop()  # it died between requests (killed from outside): start another
+        _worker = None
     if _worker is None:
         try:
             _worker = _Child() if sys.executable else _InProcess()
@@ -127,6 +162,9 @@ def _request(message: tuple[Any, ...], owner: _Child | _InProcess | None = None)
             _worker = None
             raise OrtError(_death(owner.process), crashed=True)
         worker = _current()
+        if isinstance(worker, _Child) and not worker.ready and not worker.wait_ready():
+            worker.stop(kill=True)  # no child can run here: sessions in this process
+            worker = _worker = _InProcess()
         try:
             status, value = worker.request(message)
         except OrtError:
@@ -174,18 +212,32 @@ def _stop() -> None:
             _worker = None
 
 
+_session_lock = threading.RLock()
+"""Held from a session's opening to its closing: one session at a time, and another thread's
+waits for it (the same thread opening a second one gets the child's refusal instead)."""
+
+
 class Session:
-    """An open onnxruntime CPU session (optimizations off) in the child; one at a time."""
+    """An open onnxruntime CPU session (optimizations off) in the child; one at a time.
+    It belongs to the thread that opened it, which must close it."""
 
     def __init__(self, source: str | bytes | os.PathLike[str]) -> None:
         if not isinstance(source, bytes):
-            source = os.fspath(source)
-        self.input_names, self.output_names = _request(("open", source))
+            source = os.path.abspath(os.fspath(source))  # the child's cwd is fixed at start
+        self._open = False
+        _session_lock.acquire()
+        try:
+            self.input_names, self.output_names = _request(("open", source))
+        except BaseException:
+            _session_lock.release()
+            raise
         self._owner = _worker  # the process holding it: a new one after a crash holds none
         self._open = True
 
     def run(self, feeds: Mapping[str, Any]) -> tuple[list[Any], float]:
         """The outputs in ``output_names`` order, and the seconds onnxruntime ran."""
+        if not self._open:
+            raise OrtError("the session is closed")
         values, seconds = _request(("run", dict(feeds)), self._owner)
         return values, seconds
 
@@ -193,8 +245,11 @@ class Session:
         """Release the session (nothing to release when its process died)."""
         if self._open:
             self._open = False
-            with contextlib.suppress(OrtError):
-                _request(("close",), self._owner)
+            try:
+                with contextlib.suppress(OrtError):
+                    _request(("close",), self._owner)
+            finally:
+                _session_lock.release()
 
     def __enter__(self) -> Session:
         return self

@@ -991,8 +991,8 @@ def _run_session(
         session = None
         try:
             session = _create_session(model, stack, label, notify)
-        except OrtError as e:
-            failure = _OrtFailure("session creation", e.message)
+        except Exception as e:  # noqa: BLE001 - onnxruntime's refusal, or serializing for it
+            failure = _OrtFailure("session creation", _error_text(e))
         if session is not None:
             try:
                 runs, seconds, failure = _run_all(
@@ -1030,8 +1030,8 @@ def _run_all(
             notify(ProgressStep(message, done, n * repeats))
             try:
                 outputs, took = _run_once(session, feeds)
-            except OrtError as e:
-                return runs, seconds, _OrtFailure("run", e.message)
+            except Exception as e:  # noqa: BLE001 - onnxruntime's failure, or packing the feeds
+                return runs, seconds, _OrtFailure("run", _error_text(e))
             if r == 0:
                 seconds += took
             if until is not None:
@@ -1147,7 +1147,7 @@ def _tensor_data_size(model: ir.Model) -> tuple[int, bool]:
 def _run_once(session: Session, feeds: Mapping[str, np.ndarray]
               ) -> tuple[dict[str, np.ndarray], float]:
     """One run's outputs by name (sequences and maps flattened) and its seconds."""
-    packed = {k: _pack(np.asarray(v)) for k, v in feeds.items()}
+    packed = {k: _pack(v) if isinstance(v, np.ndarray) else v for k, v in feeds.items()}
     values, seconds = session.run(packed)
     flat: dict[str, np.ndarray] = {}
     for name, value in zip(session.output_names, values, strict=True):
@@ -2028,6 +2028,8 @@ def _json_float(value: float) -> float | str | None:
 
 
 def _error_text(error: BaseException) -> str:
+    if isinstance(error, OrtError):
+        return error.message
     text = str(error).strip()
     return text or type(error).__name__
 

@@ -210,3 +210,54 @@ def test_ctrl_c_is_the_parents(monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         ortprocess.open_session(frames_without_scan().SerializeToString())
     assert ortprocess._worker is None and child.process.poll() is not None
+
+
+def test_what_the_interpreter_prints_first_is_skipped(tmp_path: Path, monkeypatch):
+    """A sitecustomize (or .pth file) that prints while Python starts wrote into the replies'
+    pipe: the child's first words tell the parent where its replies begin."""
+    (tmp_path / "sitecustomize.py").write_text(
+        "import os\nos.write(1, b'hello from sitecustomize\\n' * 100)\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        [str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    ortprocess._stop()
+    try:
+        with ortprocess.open_session(frames_without_scan().SerializeToString()) as session:
+            (y,), _ = session.run(feeds(3))
+        assert y.shape == (2, 3, 5) and isinstance(ortprocess._worker, ortprocess._Child)
+    finally:
+        ortprocess._stop()
+
+
+def test_a_child_that_never_says_it_runs_falls_back_to_this_process(tmp_path: Path,
+                                                                     monkeypatch):
+    """A frozen or embedded executable cannot run the script: sessions run in-process."""
+    mute = tmp_path / "mute.py"
+    mute.write_text("import sys\nsys.exit(0)\n")
+    monkeypatch.setattr(ortprocess, "_CHILD", str(mute))
+    ortprocess._stop()
+    try:
+        with ortprocess.open_session(frames_without_scan().SerializeToString()) as session:
+            (y,), _ = session.run(feeds(3))
+        assert y.shape == (2, 3, 5) and isinstance(ortprocess._worker, ortprocess._InProcess)
+    finally:
+        ortprocess._stop()
+
+
+def test_sessions_of_several_threads_take_turns():
+    from concurrent.futures import ThreadPoolExecutor
+
+    model = ir.serde.deserialize_model(frames_without_scan())
+
+    def run(steps: int) -> tuple[int, ...]:
+        return v.run_model(model, feeds(steps))["y"].shape
+
+    with ThreadPoolExecutor(4) as pool:
+        shapes = list(pool.map(run, [1 + i % 5 for i in range(20)]))
+    assert shapes == [(2, 1 + i % 5, 5) for i in range(20)]
+
+
+def test_a_closed_session_does_not_run():
+    session = ortprocess.open_session(frames_without_scan().SerializeToString())
+    session.close()
+    with pytest.raises(ortprocess.OrtError, match="the session is closed"):
+        session.run(feeds(2))
