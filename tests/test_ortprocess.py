@@ -25,6 +25,16 @@ from fusectl.cli import main
 crashes_on_posix = pytest.mark.skipif(os.name != "posix", reason="POSIX signals")
 
 
+def frames_model(nodes: list[onnx.NodeProto], inits: list[TensorProto]) -> onnx.ModelProto:
+    """(s [batch, 2], x [batch, T, 3]) -> y [batch, ?, 5]."""
+    graph = oh.make_graph(
+        nodes, "g",
+        [oh.make_tensor_value_info("s", TensorProto.FLOAT, ["batch", 2]),
+         oh.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "T", 3])],
+        [oh.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", None, 5])], inits)
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)], ir_version=8)
+
+
 def scan_frames(skip: int = 0) -> onnx.ModelProto:
     """frames[:, t] = concat(state, x[:, t]) for t past ``skip``: a Scan over axis 1.
 
@@ -45,12 +55,7 @@ def scan_frames(skip: int = 0) -> onnx.ModelProto:
     inits = [oh.make_tensor("skip", TensorProto.INT64, [1], [skip]),
              oh.make_tensor("end", TensorProto.INT64, [1], [2**62]),
              oh.make_tensor("axis", TensorProto.INT64, [1], [1])]
-    graph = oh.make_graph(
-        nodes, "g",
-        [oh.make_tensor_value_info("s", TensorProto.FLOAT, ["batch", 2]),
-         oh.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "T", 3])],
-        [oh.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", None, 5])], inits)
-    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)], ir_version=8)
+    return frames_model(nodes, inits)
 
 
 def frames_without_scan() -> onnx.ModelProto:
@@ -68,12 +73,7 @@ def frames_without_scan() -> onnx.ModelProto:
              oh.make_tensor("two", TensorProto.INT64, [1], [2]),
              oh.make_tensor("two1", TensorProto.INT64, [1], [2]),
              oh.make_tensor("one", TensorProto.INT64, [1], [1])]
-    graph = oh.make_graph(
-        nodes, "g",
-        [oh.make_tensor_value_info("s", TensorProto.FLOAT, ["batch", 2]),
-         oh.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "T", 3])],
-        [oh.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", None, 5])], inits)
-    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)], ir_version=8)
+    return frames_model(nodes, inits)
 
 
 def feeds(steps: int) -> dict[str, np.ndarray]:
