@@ -26,10 +26,12 @@ Generated inputs (when the user does not provide an array for an input):
 * ``options.input_ranges[name] = (lo, hi)`` wins over every rule below. Floats are uniform in
   ``[lo, hi)``; integers are drawn from ``[lo, hi)`` like Python's ``range``; bools are
   ``x != 0`` for such integers.
-* An input whose name contains ``mask`` is all ones (True for bool), or all zeros where True
-  masks out: where it reaches, through id-preserving ops and Nots, the condition of a Where
-  that picks a very negative constant (torch's ``masked_fill(mask, -inf)``, as
-  nn.MultiheadAttention's ``key_padding_mask``, where all True would mask every key).
+* An input whose name contains ``mask`` keeps every key but one: ones (True for bool), or
+  zeros where True masks out (it reaches, through id-preserving ops and Nots, the condition
+  of a Where that picks a very negative constant: torch's ``masked_fill(mask, -inf)``, as
+  nn.MultiheadAttention's ``key_padding_mask``, where all True would mask every key), except
+  the last key of the second sequence when there are two or more sequences and keys (one
+  padded position: a fusion that drops the mask must show).
 * An integer input that feeds, possibly through Cast/CastLike/Unsqueeze/Squeeze/Reshape/
   Flatten/Identity/Expand, the ``indices`` of a Gather or GatherElements (or the ids of a
   com.microsoft EmbedLayerNormalization) is drawn from ``[0, rows)``, where ``rows`` is the
@@ -821,8 +823,7 @@ def _generate(
             "--input-range NAME=LO:HI for decimal-digit strings"
         )
     if "mask" in name.lower():
-        keep = np.zeros if _true_masks_out(value) else np.ones
-        return keep(shape, dtype=np_dtype)
+        return _padding_mask(shape, np_dtype, _true_masks_out(value))
     if dtype.is_floating_point() or _is_complex(dtype):
         return _floats(rng, dtype, shape, *float_range)
     if dtype.is_integer():
@@ -834,6 +835,18 @@ def _generate(
     if dtype == ir.DataType.BOOL:
         return rng.random(shape) < 0.5
     raise BadInputError(f"cannot generate input {name!r} of element type {dtype.name}")
+
+
+def _padding_mask(shape: tuple[int, ...], dtype: np.dtype, true_masks_out: bool) -> np.ndarray:
+    """A mask that keeps every key but the last one of the second sequence (one padded
+    position, as right padding leaves it: a fusion that drops or mis-broadcasts the mask
+    changes the outputs), keeping all where there is no second sequence or one key only.
+    No row is masked entirely (that is NaN in a Softmax over -inf)."""
+    keep, drop = (0, 1) if true_masks_out else (1, 0)
+    mask = np.full(shape, keep, dtype=dtype)
+    if len(shape) >= 2 and shape[0] >= 2 and shape[-1] >= 2:
+        mask[1, ..., -1] = drop
+    return mask
 
 
 def _is_complex(dtype: ir.DataType) -> bool:

@@ -245,9 +245,11 @@ def test_mask_polarity_follows_where_the_mask_fills(body: str, fill: bool):
     text = MASKED_FILL.format(body=body)
     if "zero_axes" in text:
         text = text.replace("float zero = {0.0}>", "float zero = {0.0}, int64[1] zero_axes = {0}>")
-    feeds = v.generate_inputs(model(text))
-    assert feeds["key_padding_mask"].dtype == np.bool_
-    assert np.all(feeds["key_padding_mask"] == fill)
+    mask = v.generate_inputs(model(text))["key_padding_mask"]
+    assert mask.dtype == np.bool_ and mask.shape == (2, 8)
+    padded = np.zeros((2, 8), bool)
+    padded[1, -1] = True  # one padded key, never a whole row
+    np.testing.assert_array_equal(mask, np.where(padded, not fill, fill))
 
 
 def test_key_padding_mask_attention_validates_once_fused():
@@ -273,14 +275,47 @@ def test_key_padding_mask_attention_validates_once_fused():
     assert result.rewrite.counts().get("attention-sdpa-flattened-key") == 1
 
 
-def test_attention_mask_is_all_ones_and_shares_dims():
+def test_a_candidate_that_drops_the_mask_fails():
+    """With every key kept, a fusion that ignored the mask passed validation."""
+    header = "g (float[N, S] x, int64[N, S] attention_mask) => (float[N, S] y) "
+    reference = model(header + "<float zero = {0.0}, float low = {-10000.0}> {"
+                      " keep = Cast<to=9>(attention_mask)  w = Where(keep, zero, low)"
+                      " a = Add(x, w)  y = Softmax(a) }")
+    dropped = model(header + "{ y = Softmax(x) }")
+    assert v.validate(reference, reference).passed
+    assert not v.validate(reference, dropped).passed
+
+
+def test_query_by_key_mask_rows_masked_entirely_validate_once_fused():
+    """DeBERTa's padding mask is mask[:, None, :, None] * mask[:, None, None, :]: a padded
+    position's query row is masked entirely. onnxruntime's Attention returned 0 there for the
+    finfo.min fill, the graph the mean of V; the additive mask is built with -1e30 instead."""
+    import fusectl
+
+    m = model(
+        "g (float[2,4,6,16] Q, float[2,4,6,16] K, float[2,4,6,16] V, int64[2,6] attention_mask)"
+        " => (float[2,4,6,16] y)"
+        " <int64[2] qa = {1, 3}, int64[2] ka = {1, 2}, float c = {0.25},"
+        " float low = {-3.4028234663852886e38}> {"
+        " mq = Unsqueeze(attention_mask, qa)  mk = Unsqueeze(attention_mask, ka)"
+        " both = Mul(mq, mk)  keep = Cast<to=9>(both)"
+        " kt = Transpose<perm=[0, 1, 3, 2]>(K)  s0 = MatMul(Q, kt)  s = Mul(s0, c)"
+        " w = Where(keep, s, low)  p = Softmax<axis=-1>(w)  y = MatMul(p, V) }",
+        header='<ir_version: 10, opset_import: ["" : 23]>',
+    )
+    result = fusectl.optimize(m)
+    assert result.passed and result.bisection is None
+    assert result.rewrite.counts().get("attention-sdpa") == 1
+
+
+def test_attention_mask_pads_one_key_and_shares_dims():
     m = model(
         "g (int64[batch, seq] input_ids, int64[batch, seq] attention_mask) => (int64[batch, seq] y)"
         " { y = Mul(input_ids, attention_mask) }"
     )
     feeds = v.generate_inputs(m, v.ValidationOptions(dims={"seq": 6}))
-    assert feeds["attention_mask"].shape == (2, 6)
-    assert np.all(feeds["attention_mask"] == 1)
+    # ones but the last key of the second sequence: a fusion that drops the mask shows
+    np.testing.assert_array_equal(feeds["attention_mask"], [[1] * 6, [1] * 5 + [0]])
     ids = feeds["input_ids"]
     assert ids.min() >= 0 and ids.max() < 10
 
@@ -363,7 +398,7 @@ def test_user_inputs_are_used_and_bind_dims():
     feeds = v.generate_inputs(m, v.ValidationOptions(inputs={"x": x}))
     assert feeds["x"] is x or np.array_equal(feeds["x"], x)
     assert feeds["attention_mask"].shape == (2, 3)  # N and S bound by the user's array
-    np.testing.assert_array_equal(v.run_model(m, feeds)["y"], x)
+    np.testing.assert_array_equal(v.run_model(m, feeds)["y"], x * [[1, 1, 1], [1, 1, 0]])
     result = v.validate(m, m, v.ValidationOptions(inputs={"x": x}))
     assert result.passed and result.input_shapes == {"x": (2, 3), "attention_mask": (2, 3)}
 
