@@ -9,8 +9,8 @@ outputs are kept (``ReferenceRun``) so that bisection can check many candidates 
 them without running the reference again.
 
 onnxruntime runs in a child process (:mod:`fusectl.ortprocess`): a crash inside it is an
-error fusectl reports. This module never prints: it returns
-results, and reports progress through an optional callback.
+error fusectl reports. This module never prints: it returns results, and reports progress
+through an optional callback.
 
 Generated inputs (when the user does not provide an array for an input):
 
