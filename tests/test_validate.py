@@ -252,12 +252,19 @@ def test_mask_polarity_follows_where_the_mask_fills(body: str, fill: bool):
     np.testing.assert_array_equal(mask, np.where(padded, not fill, fill))
 
 
+def assert_fused_and_validated(m: ir.Model, rule: str) -> None:
+    """``rule`` fires once on ``m`` and the optimized model validates, nothing reverted."""
+    import fusectl
+
+    result = fusectl.optimize(m)
+    assert result.passed and result.bisection is None
+    assert result.rewrite.counts().get(rule) == 1
+
+
 def test_key_padding_mask_attention_validates_once_fused():
     """nn.MultiheadAttention's key_padding_mask (dynamo export, opset 23): with the mask all
     True every key was masked, the reference's Softmax gave NaN and onnxruntime's fused
     Attention 0, so the fusion was reverted as a mismatch."""
-    import fusectl
-
     m = model(
         "g (float[2,4,6,16] Q, float[8,6,16] k3, float[2,4,6,16] V, bool[2,6] key_padding_mask)"
         " => (float[2,4,6,16] y)"
@@ -270,9 +277,7 @@ def test_key_padding_mask_attention_validates_once_fused():
         " p = Softmax<axis=-1>(a)  y = MatMul(p, V) }",
         header='<ir_version: 10, opset_import: ["" : 23]>',
     )
-    result = fusectl.optimize(m)
-    assert result.passed and result.bisection is None
-    assert result.rewrite.counts().get("attention-sdpa-flattened-key") == 1
+    assert_fused_and_validated(m, "attention-sdpa-flattened-key")
 
 
 def test_a_candidate_that_drops_the_mask_fails():
@@ -290,8 +295,6 @@ def test_query_by_key_mask_rows_masked_entirely_validate_once_fused():
     """DeBERTa's padding mask is mask[:, None, :, None] * mask[:, None, None, :]: a padded
     position's query row is masked entirely. onnxruntime's Attention returned 0 there for the
     finfo.min fill, the graph the mean of V; the additive mask is built with -1e30 instead."""
-    import fusectl
-
     m = model(
         "g (float[2,4,6,16] Q, float[2,4,6,16] K, float[2,4,6,16] V, int64[2,6] attention_mask)"
         " => (float[2,4,6,16] y)"
@@ -303,9 +306,7 @@ def test_query_by_key_mask_rows_masked_entirely_validate_once_fused():
         " w = Where(keep, s, low)  p = Softmax<axis=-1>(w)  y = MatMul(p, V) }",
         header='<ir_version: 10, opset_import: ["" : 23]>',
     )
-    result = fusectl.optimize(m)
-    assert result.passed and result.bisection is None
-    assert result.rewrite.counts().get("attention-sdpa") == 1
+    assert_fused_and_validated(m, "attention-sdpa")
 
 
 def test_attention_mask_pads_one_key_and_shares_dims():
