@@ -12,11 +12,10 @@ stdin/stdout (its own stdout goes to stderr, so nothing onnxruntime prints can g
 * ``("open", source)``: a CPU session of a model given as bytes or a path, optimizations
   off; replies its input and output names.
 * ``("run", feeds)``: run the open session once on ``feeds``; replies ``(outputs, seconds)``.
-
-Before the first reply it writes :data:`READY`.
 * ``("close",)``: release the session.
 
-Every reply is ``("ok", value)`` or ``("error", message)``. Element types numpy lacks
+Before the first reply it writes :data:`READY`. Every reply is ``("ok", value)`` or
+``("error", message)``. Element types numpy lacks
 (bfloat16, float8, 4-bit) travel as :data:`RAW` tuples the parent packs and unpacks.
 """
 

@@ -159,6 +159,7 @@ def _request(message: tuple[Any, ...], owner: _Child | _InProcess | None = None)
         if owner is not None and owner is not _worker:
             raise OrtError("onnxruntime's process holding the session has ended", crashed=True)
         if isinstance(owner, _Child) and owner.process.poll() is not None:
+            owner.stop()  # its pipes closed
             _worker = None
             raise OrtError(_death(owner.process), crashed=True)
         worker = _current()

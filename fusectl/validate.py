@@ -841,7 +841,8 @@ def _padding_mask(shape: tuple[int, ...], dtype: np.dtype, true_masks_out: bool)
     """A mask that keeps every key but the last one of the second sequence (one padded
     position, as right padding leaves it: a fusion that drops or mis-broadcasts the mask
     changes the outputs), keeping all where there is no second sequence or one key only.
-    No row is masked entirely (that is NaN in a Softmax over -inf)."""
+    A sequence keeps all its other keys (a row masked entirely is NaN in a Softmax over -inf),
+    unless the model masks queries by the same mask (DeBERTa's outer product)."""
     keep, drop = (0, 1) if true_masks_out else (1, 0)
     mask = np.full(shape, keep, dtype=dtype)
     if len(shape) >= 2 and shape[0] >= 2 and shape[-1] >= 2:
@@ -869,29 +870,41 @@ def _integers(rng, dtype: ir.DataType, shape, lo: int, hi: int) -> np.ndarray:
     return data.astype(dtype.numpy())
 
 
-def _index_bound(value: ir.Value) -> int | None:
-    """Length of the axis that ``value`` indexes into (through id-preserving ops), if known."""
-    rows: int | None = None
+def _reached_uses(value: ir.Value) -> Iterator[tuple[ir.Node, int, bool]]:
+    """Every use of ``value``'s data past id-preserving ops (a Cast, a view) and Nots: the
+    node, the input index, and whether an odd number of Nots lies on the way."""
     seen: set[int] = set()
-    stack = [value]
+    stack = [(value, False)]
     while stack:
-        current = stack.pop()
+        current, flipped = stack.pop()
         if id(current) in seen:
             continue
         seen.add(id(current))
         for use in current.uses():
             node, idx = use.node, use.idx
-            domain = "" if node.domain == "ai.onnx" else node.domain
-            consumer = _INDEX_CONSUMERS.get((domain, node.op_type), {}).get(idx)
-            if consumer is not None:
-                data_idx, axis_attr = consumer
-                axis = node.attributes.get_int(axis_attr, 0) if axis_attr else 0
-                data = node.inputs[data_idx] if data_idx < len(node.inputs) else None
-                length = _axis_length(data, axis) if data is not None else None
-                if length is not None:
-                    rows = length if rows is None else min(rows, length)
-            elif domain == "" and node.op_type in _ID_PASSTHROUGH and idx == 0:
-                stack.extend(node.outputs)
+            standard = node.domain in ("", "ai.onnx")
+            if standard and node.op_type == "Not":
+                stack.append((node.outputs[0], not flipped))
+            elif standard and node.op_type in _ID_PASSTHROUGH and idx == 0:
+                stack.extend((out, flipped) for out in node.outputs)
+            else:
+                yield node, idx, flipped
+
+
+def _index_bound(value: ir.Value) -> int | None:
+    """Length of the axis that ``value`` indexes into (through id-preserving ops), if known."""
+    rows: int | None = None
+    for node, idx, _ in _reached_uses(value):
+        domain = "" if node.domain == "ai.onnx" else node.domain
+        consumer = _INDEX_CONSUMERS.get((domain, node.op_type), {}).get(idx)
+        if consumer is None:
+            continue
+        data_idx, axis_attr = consumer
+        axis = node.attributes.get_int(axis_attr, 0) if axis_attr else 0
+        data = node.inputs[data_idx] if data_idx < len(node.inputs) else None
+        length = _axis_length(data, axis) if data is not None else None
+        if length is not None:
+            rows = length if rows is None else min(rows, length)
     return rows
 
 
@@ -905,28 +918,16 @@ def _true_masks_out(value: ir.Value) -> bool:
     id-preserving ops and Nots, the condition of a Where that picks a very negative constant
     there (torch's ``masked_fill(mask, -inf)``: nn.MultiheadAttention's key_padding_mask).
     All ones would then mask every key, and the reference's Softmax would return NaN."""
-    seen: set[int] = set()
-    stack = [(value, False)]
-    while stack:
-        current, flipped = stack.pop()
-        if id(current) in seen:
+    for node, idx, flipped in _reached_uses(value):
+        if node.op_type != "Where" or node.domain not in ("", "ai.onnx") or idx != 0 \
+                or len(node.inputs) != 3:
             continue
-        seen.add(id(current))
-        for use in current.uses():
-            node, idx = use.node, use.idx
-            if node.domain not in ("", "ai.onnx"):
-                continue
-            if node.op_type == "Not":
-                stack.append((node.outputs[0], not flipped))
-            elif node.op_type in _ID_PASSTHROUGH and idx == 0:
-                stack.extend((out, flipped) for out in node.outputs)
-            elif node.op_type == "Where" and idx == 0 and len(node.inputs) == 3:
-                for branch, masks_when in ((node.inputs[1], True), (node.inputs[2], False)):
-                    fill = None if branch is None else ir.convenience.get_const_tensor(branch)
-                    if fill is not None and fill.dtype.is_floating_point():
-                        values = fill.numpy()
-                        if values.size and bool(np.all(values <= _VERY_NEGATIVE)):
-                            return masks_when != flipped
+        for branch, masks_when in ((node.inputs[1], True), (node.inputs[2], False)):
+            fill = None if branch is None else ir.convenience.get_const_tensor(branch)
+            if fill is not None and fill.dtype.is_floating_point():
+                values = fill.numpy()
+                if values.size and bool(np.all(values <= _VERY_NEGATIVE)):
+                    return masks_when != flipped
     return False
 
 
@@ -1121,20 +1122,19 @@ def _session_source(model: ModelSource, stack: contextlib.ExitStack) -> str | by
     if not isinstance(model, ir.Model):
         return os.fspath(model)
     data_bytes, has_external = _tensor_data_size(model)
-    if data_bytes < _PROTO_LIMIT_BYTES and not has_external:
-        encoded = encode_model(model)
-        if encoded.size <= _PIPE_LIMIT_BYTES:
-            return encoded.tobytes()
-        # through a file, not the pipe: onnxruntime's process reads it without a second copy
-        # of the weights in memory (the pieces are views of this process's tensors)
-        directory = stack.enter_context(tempfile.TemporaryDirectory(prefix="fusectl-validate-"))
-        path = os.path.join(directory, "model.onnx")
-        with open(path, "wb") as f:
-            encoded.write(f)
-        return path
+    in_one = data_bytes < _PROTO_LIMIT_BYTES and not has_external
+    encoded = encode_model(model) if in_one else None
+    if encoded is not None and encoded.size <= _PIPE_LIMIT_BYTES:
+        return encoded.tobytes()
     directory = stack.enter_context(tempfile.TemporaryDirectory(prefix="fusectl-validate-"))
     path = os.path.join(directory, "model.onnx")
-    ir.save(model, path, external_data="model.data")
+    if encoded is not None:
+        # a file, not the pipe: onnxruntime's process reads it without a second copy of the
+        # weights in memory (the pieces are views of this process's tensors)
+        with open(path, "wb") as f:
+            encoded.write(f)
+    else:
+        ir.save(model, path, external_data="model.data")
     return path
 
 

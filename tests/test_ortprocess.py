@@ -82,6 +82,21 @@ def feeds(steps: int) -> dict[str, np.ndarray]:
             "x": rng.normal(size=(2, steps, 3)).astype(np.float32)}
 
 
+@pytest.fixture
+def new_worker():
+    """The next session starts a new child (or none), and this test's one is stopped after."""
+    ortprocess._stop()
+    yield
+    ortprocess._stop()
+
+
+def run_frames(steps: int = 3) -> np.ndarray:
+    """``frames_without_scan`` run once in a new session: its output."""
+    with ortprocess.open_session(frames_without_scan().SerializeToString()) as session:
+        (y,), _ = session.run(feeds(steps))
+    return y
+
+
 @crashes_on_posix
 def test_a_crash_is_an_error_and_the_next_session_runs():
     crashed = pytest.raises(ortprocess.OrtError, match=r"onnxruntime crashed \(SIGFPE\)")
@@ -97,9 +112,7 @@ def test_models_agree_where_onnxruntime_runs_both():
     """The two test models compute the same (so a difference below is the crash's)."""
     with ortprocess.open_session(scan_frames().SerializeToString()) as session:
         (expected,), _ = session.run(feeds(4))
-    with ortprocess.open_session(frames_without_scan().SerializeToString()) as session:
-        (got,), _ = session.run(feeds(4))
-    np.testing.assert_allclose(got, expected)
+    np.testing.assert_allclose(run_frames(4), expected)
 
 
 @crashes_on_posix
@@ -151,16 +164,10 @@ def test_a_killed_process_is_reported_by_its_signal():
     session.close()  # nothing to release: its process is gone
 
 
-def test_sessions_run_in_this_process_where_no_child_starts(monkeypatch):
-    ortprocess._stop()
+def test_sessions_run_in_this_process_where_no_child_starts(monkeypatch, new_worker):
     monkeypatch.setattr(ortprocess.sys, "executable", "")
-    try:
-        with ortprocess.open_session(frames_without_scan().SerializeToString()) as session:
-            (y,), _ = session.run(feeds(3))
-        assert isinstance(ortprocess._worker, ortprocess._InProcess)
-        assert y.shape == (2, 3, 5)
-    finally:
-        ortprocess._stop()
+    assert run_frames().shape == (2, 3, 5)
+    assert isinstance(ortprocess._worker, ortprocess._InProcess)
 
 
 def test_the_child_takes_its_own_folder_off_the_path():
@@ -186,9 +193,7 @@ def test_a_process_killed_while_idle_is_replaced_quietly():
     assert isinstance(idle, ortprocess._Child)
     idle.process.kill()
     idle.process.wait()
-    with ortprocess.open_session(frames_without_scan().SerializeToString()) as session:
-        (y,), _ = session.run(feeds(2))
-    assert y.shape == (2, 2, 5) and ortprocess._worker is not idle
+    assert run_frames(2).shape == (2, 2, 5) and ortprocess._worker is not idle
 
 
 @crashes_on_posix
@@ -199,8 +204,7 @@ def test_ctrl_c_is_the_parents(monkeypatch):
     child = ortprocess._worker
     assert isinstance(child, ortprocess._Child)
     os.kill(child.process.pid, signal.SIGINT)
-    with ortprocess.open_session(frames_without_scan().SerializeToString()) as session:
-        session.run(feeds(2))
+    assert run_frames(2).shape == (2, 2, 5)
     assert ortprocess._worker is child and child.process.poll() is None
 
     def interrupted(message):
@@ -212,35 +216,26 @@ def test_ctrl_c_is_the_parents(monkeypatch):
     assert ortprocess._worker is None and child.process.poll() is not None
 
 
-def test_what_the_interpreter_prints_first_is_skipped(tmp_path: Path, monkeypatch):
+def test_what_the_interpreter_prints_first_is_skipped(tmp_path: Path, monkeypatch,
+                                                      new_worker):
     """A sitecustomize (or .pth file) that prints while Python starts wrote into the replies'
     pipe: the child's first words tell the parent where its replies begin."""
     (tmp_path / "sitecustomize.py").write_text(
         "import os\nos.write(1, b'hello from sitecustomize\\n' * 100)\n")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
         [str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])]))
-    ortprocess._stop()
-    try:
-        with ortprocess.open_session(frames_without_scan().SerializeToString()) as session:
-            (y,), _ = session.run(feeds(3))
-        assert y.shape == (2, 3, 5) and isinstance(ortprocess._worker, ortprocess._Child)
-    finally:
-        ortprocess._stop()
+    assert run_frames().shape == (2, 3, 5)
+    assert isinstance(ortprocess._worker, ortprocess._Child)
 
 
 def test_a_child_that_never_says_it_runs_falls_back_to_this_process(tmp_path: Path,
-                                                                     monkeypatch):
+                                                                     monkeypatch, new_worker):
     """A frozen or embedded executable cannot run the script: sessions run in-process."""
     mute = tmp_path / "mute.py"
     mute.write_text("import sys\nsys.exit(0)\n")
     monkeypatch.setattr(ortprocess, "_CHILD", str(mute))
-    ortprocess._stop()
-    try:
-        with ortprocess.open_session(frames_without_scan().SerializeToString()) as session:
-            (y,), _ = session.run(feeds(3))
-        assert y.shape == (2, 3, 5) and isinstance(ortprocess._worker, ortprocess._InProcess)
-    finally:
-        ortprocess._stop()
+    assert run_frames().shape == (2, 3, 5)
+    assert isinstance(ortprocess._worker, ortprocess._InProcess)
 
 
 def test_sessions_of_several_threads_take_turns():
