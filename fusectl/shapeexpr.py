@@ -539,6 +539,19 @@ def _rounding(op: str) -> Callable[[ir.Node, ShapeTensor], ShapeTensor]:
     return rounded
 
 
+def _neg(node: ir.Node, x: ShapeTensor) -> ShapeTensor:
+    """Neg: known numbers negated (the lowest integer wraps to itself, as in onnxruntime);
+    a dim's negation is unknown here (symdims reads ``x[-n:]`` from the Neg itself)."""
+    low = _INT_RANGES.get(x.dtype, (None,))[0]
+    entries: list[Entry] = []
+    for entry in x.entries:
+        if isinstance(entry, bool) or not isinstance(entry, int | float):
+            entries.append(None)
+        else:
+            entries.append(entry if entry == low else -entry)
+    return ShapeTensor(tuple(entries), x.rank, x.dtype)
+
+
 _UNARY: dict[str, Callable[[ir.Node, ShapeTensor], ShapeTensor]] = {
     "Identity": _identity,
     "Gather": _gather,
@@ -547,6 +560,7 @@ _UNARY: dict[str, Callable[[ir.Node, ShapeTensor], ShapeTensor]] = {
     "Squeeze": _squeeze,
     "Reshape": _reshape,
     "Cast": _cast,
+    "Neg": _neg,
     "Floor": _rounding("Floor"),
     "Ceil": _rounding("Ceil"),
 }

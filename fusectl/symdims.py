@@ -300,7 +300,12 @@ def _slice_dims(node: ir.Node) -> Dims | None:
         if not -len(dims) <= axis < len(dims):
             return None
         size = dims[axis]
-        if isinstance(size, str) and _is_offset(start, end):
+        last = _negated_name(node.inputs[1], axes.index(axis)) if start is None else None
+        if last is not None:
+            dims[axis] = _last(size, last, end)
+            if dims[axis] is None:
+                return None
+        elif isinstance(size, str) and _is_offset(start, end):
             dims[axis] = _dropped(size, start - (end if end < 0 else 0))
             if dims[axis] is None:
                 return None
@@ -316,8 +321,21 @@ def _slice_dims(node: ir.Node) -> Dims | None:
         elif isinstance(size, int):
             dims[axis] = _entry_dim(end, data_dims)
         else:
-            dims[axis] = size if _entry_dim(end, data_dims) == size else None
+            length = _entry_dim(end, data_dims)
+            dims[axis] = length if _at_least(size, length) else None
     return dims
+
+
+def _at_least(size: int | str | None, length: int | str | None) -> bool:
+    """Whether an axis of ``size`` is known to hold ``length``: the same name, or a sum of
+    it and more (names or numbers, none below 0): a causal Conv's ``sequence_length + 2``
+    cut back to ``sequence_length``, a mask over past + new tokens cut to the new ones."""
+    if size is None or length is None or not isinstance(length, str):
+        return False
+    if size == length:
+        return True
+    terms = size.split(" + ") if isinstance(size, str) else []
+    return length in terms and all(t.isidentifier() or t.isdigit() for t in terms)
 
 
 def _is_offset(start: Entry, end: Entry) -> bool:
@@ -404,6 +422,30 @@ def _sum_after(size: int | str | None, start: int | str | None, end: Entry) -> s
     return " + ".join(terms) or None
 
 
+def _negated_name(starts: ir.Value, position: int) -> str | None:
+    """The named dim ``n`` whose negation is entry ``position`` of a Slice's ``starts``
+    (torch's ``x[:, -n:]``: ``Unsqueeze(Neg(Gather(Shape(ids), 1)))``), else None."""
+    node = starts.producer()
+    while node is not None and node.domain in ("", "ai.onnx") and position == 0 \
+            and node.op_type in ("Unsqueeze", "Reshape") and node.inputs and node.inputs[0]:
+        node = node.inputs[0].producer()
+    if node is None or node.op_type != "Neg" or node.domain not in ("", "ai.onnx") \
+            or position != 0 or not node.inputs or node.inputs[0] is None:
+        return None
+    return dim_name(node.inputs[0])
+
+
+def _last(size: int | str | None, length: str, end: Entry) -> int | str | None:
+    """The length of ``x[-n:]`` along an axis of ``size``: ``n`` where the axis is at least
+    ``n`` long, as it is when named ``n`` or a sum holding ``n`` (a mask over past + new
+    tokens sliced to the new ones), or of static size (a buffer sliced to the sequence, as
+    ``x[:n]`` is read); None for anything else."""
+    to_end = isinstance(end, int) and not isinstance(end, bool) and end >= SLICE_TO_END
+    if not to_end or size is None:
+        return None
+    return length if isinstance(size, int) or _at_least(size, length) else None
+
+
 def _flatten_dims(node: ir.Node) -> Dims | None:
     """Flatten's two dims: the products of the dims before and from ``axis``."""
     data_dims = _dims(node.inputs[0].shape) if node.inputs and node.inputs[0] else None
@@ -477,20 +519,108 @@ def _concat_dims(node: ir.Node) -> Dims | None:
 
 
 def _tile_dims(node: ir.Node) -> Dims | None:
-    """Tile's output: each dim times its constant repeat (onnx's inference forgets named
-    dims even where the repeat is 1: ``repeat_interleave`` exported as Unsqueeze + Tile)."""
+    """Tile's output: each dim times its repeat (onnx's inference forgets named dims even
+    where the repeat is 1: ``repeat_interleave`` exported as Unsqueeze + Tile). A repeat
+    read at run time from a named dim names the axis it tiles from 1 (torch's
+    ``weight.unsqueeze(0).repeat(batch_size, 1, 1)``, DETR's object queries)."""
     if len(node.inputs) != 2 or node.inputs[0] is None or node.inputs[1] is None:
         return None
     data_dims = _dims(node.inputs[0].shape)
+    repeats = shape_entries(node.inputs[1], node.inputs[0])
+    if data_dims is None or repeats is None or len(repeats) != len(data_dims):
+        return None
+    dims: Dims = []
+    for dim, entry in zip(data_dims, repeats, strict=True):
+        count = _entry_dim(entry, data_dims)
+        if count is None or (_is_plain_int(entry) and entry < 0):
+            return None
+        if count == 1 or dim == 1:
+            dims.append(dim if count == 1 else None if _unknown(count) else count)
+        else:
+            dims.append(None if _unknown(dim) or _unknown(count)
+                        else _product(symbolic_product([dim, count])))
+    return dims
+
+
+def _resize_dims(node: ir.Node) -> Dims | None:
+    """Resize to ``sizes`` read at run time (TorchScript's ``interpolate(mask, size=...)``
+    writes ``Concat(Shape(x)[:2], [h, w])``): the output has those sizes, on the axes the
+    ``axes`` attribute names (all by default); the other axes keep the input's dims. Not
+    with an aspect-ratio policy other than ``stretch`` (the sizes are then bounds)."""
+    if len(node.inputs) < 4 or node.inputs[0] is None or node.inputs[3] is None:
+        return None
+    policy = node.attributes.get("keep_aspect_ratio_policy")
+    if policy is not None and policy.value != "stretch":
+        return None
+    data = node.inputs[0]
+    data_dims = _dims(data.shape)
+    entries = shape_entries(node.inputs[3], data)
+    if data_dims is None or entries is None:
+        return None
+    attr = node.attributes.get("axes")
+    axes = list(attr.value) if attr is not None else list(range(len(data_dims)))
+    if len(axes) != len(entries) or len({a % len(data_dims) for a in axes}) != len(axes) \
+            or any(not -len(data_dims) <= a < len(data_dims) for a in axes):
+        return None
+    dims = list(data_dims)
+    for axis, entry in zip(axes, entries, strict=True):
+        dims[axis] = _entry_dim(entry, data_dims)
+    return dims
+
+
+def _conv_dims(node: ir.Node) -> Dims | None:
+    """Conv's output: the batch, the weight's output channels, and each spatial dim
+    ``d + pad_begin + pad_end - dilation * (k - 1)`` at stride 1 (a causal depthwise Conv
+    over a named sequence, as LFM2's short convolutions, which onnx's inference leaves
+    unknown); a named dim at another stride is unknown."""
+    if len(node.inputs) < 2 or node.inputs[0] is None or node.inputs[1] is None:
+        return None
+    data_dims = _dims(node.inputs[0].shape)
+    weight_dims = _dims(node.inputs[1].shape)
+    if data_dims is None or weight_dims is None or len(data_dims) != len(weight_dims) \
+            or len(data_dims) < 3:
+        return None
+    spatial = len(data_dims) - 2
+    kernel = _ints_attribute(node, "kernel_shape", weight_dims[2:])
+    strides = _ints_attribute(node, "strides", [1] * spatial)
+    dilations = _ints_attribute(node, "dilations", [1] * spatial)
+    pads = _ints_attribute(node, "pads", [0] * 2 * spatial)
+    auto_pad = node.attributes.get("auto_pad")
+    mode = auto_pad.value if auto_pad is not None else "NOTSET"
+    if None in (kernel, strides, dilations, pads) or len(kernel) != spatial \
+            or len(strides) != spatial or len(dilations) != spatial or len(pads) != 2 * spatial \
+            or mode not in ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER"):
+        return None
+    dims: Dims = [data_dims[0], weight_dims[0]]
+    for axis, size in enumerate(data_dims[2:]):
+        if not isinstance(kernel[axis], int) or strides[axis] < 1 or dilations[axis] < 1:
+            return None
+        reach = dilations[axis] * (kernel[axis] - 1)
+        if mode.startswith("SAME"):
+            padded, reach = size, 0
+        elif mode == "VALID":
+            padded = size
+        else:
+            padded = _shifted(size, pads[axis] + pads[axis + spatial])
+        if isinstance(padded, int):
+            dims.append((padded - reach - 1) // strides[axis] + 1 if padded > reach else None)
+        elif mode.startswith("SAME") and strides[axis] == 1:
+            dims.append(size)
+        else:
+            dims.append(_shifted(padded, -reach) if strides[axis] == 1 else None)
+    return dims
+
+
+def _ints_attribute(node: ir.Node, name: str, default: Sequence[int | str | None]
+                    ) -> list[int | str | None] | None:
+    """An INTS attribute's values, or ``default`` when the node has none."""
+    attr = node.attributes.get(name)
+    if attr is None:
+        return list(default)
     try:
-        repeats = _const_ints(node, 1).entries
-    except NoMatch:
+        return [int(v) for v in attr.value]
+    except (TypeError, ValueError):
         return None
-    if data_dims is None or len(repeats) != len(data_dims) or min(repeats, default=0) < 0:
-        return None
-    return [dim if count == 1 else None if _unknown(dim)
-            else _product(symbolic_product([dim, count]))
-            for dim, count in zip(data_dims, repeats, strict=True)]
 
 
 def _is_plain_int(entry: Entry) -> bool:
@@ -507,6 +637,8 @@ _COMPUTED: dict[str, Callable[[ir.Node], Dims | None]] = {
     "Pad": _pad_dims,
     "Concat": _concat_dims,
     "Tile": _tile_dims,
+    "Resize": _resize_dims,
+    "Conv": _conv_dims,
 }
 
 

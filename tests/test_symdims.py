@@ -448,3 +448,141 @@ def test_a_causal_window_from_a_named_dim_less_itself(key: str, expected: str | 
         assert dims[2] is None or is_minted(dims[2])
     else:
         assert dims == [1, 1, expected, expected]
+
+
+# ------------------------------------------- run-time repeats, sizes, x[-n:] and Conv
+
+@pytest.mark.parametrize(("nodes", "expected"), [
+    # DETR's object queries: weight.unsqueeze(0).repeat(batch_size, 1, 1)
+    ("t = Concat<axis=0>(ub, a1, a1)  r = Tile(cls, t)", ["B", 1, 64]),
+    ("t = Concat<axis=0>(ub, a1, a1)  r = Tile(x, t)", ["B*B", "S", 64]),  # B copies of B
+    # x[:, -S:] of a static buffer and of the axis named S itself (torch's Neg of a size)
+    ("n = Neg(s)  u = Unsqueeze(n, a0)  r = Slice(positions, u, big, a1)", [1, "S"]),
+    ("n = Neg(s)  u = Unsqueeze(n, a0)  r = Slice(x, u, big, a1)", ["B", "S", 64]),
+])
+def test_run_time_repeats_and_tails_of_named_dims_are_named(nodes: str, expected: list) -> None:
+    model = _case(nodes)
+    assert _dims(model, "r") != expected
+    assert symdims.name_lost_dims(model)
+    assert _dims(model, "r") == expected
+
+
+@pytest.mark.parametrize("nodes", [
+    # a repeat read from a tensor's values, not from a shape
+    "c = Cast<to=7>(v)  n = Slice(c, a0, a1)  t = Concat<axis=0>(n, a1, a1)  r = Tile(cls, t)",
+    "n = Neg(s)  u = Unsqueeze(n, a0)  r = Slice(positions, u, m1, a1)",  # x[-S:-1]
+    "n = Neg(b)  u = Unsqueeze(n, a0)  r = Slice(x, u, big, a1)",  # x[:, -B:] of S: min(B, S)
+    "n = Neg(s)  u = Unsqueeze(n, a0)  r = Slice(x, u, big, a1, p2)",  # every second one
+    "r = Slice(x, a0, ub, a1)",  # x[:, :B] of S: min(B, S)
+])
+def test_tails_and_repeats_that_name_nothing_stay_unknown(nodes: str) -> None:
+    model = _case(nodes)
+    symdims.name_lost_dims(model)
+    dims = _dims(model, "r")
+    axis = 0 if "Tile" in nodes else 1
+    assert dims is None or dims[axis] is None or is_minted(dims[axis])
+
+
+@pytest.mark.parametrize(("size", "length", "expected"), [
+    ("S", "S", True),
+    ("S + 2", "S", True),  # a causal Conv's padded output
+    ("past + seq", "seq", True),
+    ("S - 2", "S", False),
+    ("2*S", "S", False),  # at least S, but spelled as no sum: not read
+    ("S + 2", "T", False),
+    (64, "S", False),  # a static axis may be shorter than S
+    ("S", None, False),
+])
+def test_an_axis_known_to_hold_a_named_length(size, length, expected) -> None:
+    assert symdims._at_least(size, length) is expected
+
+
+CONV = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[B, 4, S] x, float[B, 4, H, W] image) => (float[B, 4, S] y)
+    <float[4, 1, 3] w, float[4, 4, 3, 3] w2, int64 i2 = {{2}}, int64[1] a0 = {{0}},
+     int64[1] a2 = {{2}}>
+    {{
+      r = Conv<group=4, {attributes}>(x, w)
+      sh = Shape(x)  s = Gather<axis=0>(sh, i2)  us = Unsqueeze(s, a0)
+      c = Slice(r, a0, us, a2)  y = Relu(c)
+      r2 = Conv<{attributes}>(image, w2)  q = Relu(r2)
+    }}
+"""
+
+
+@pytest.mark.parametrize("attributes", [
+    "pads = [2, 2]", "pads = [2, 0]", "pads = [1, 1]", "pads = [0, 0]",
+    "pads = [4, 4], dilations = [2]", "pads = [1, 3], strides = [2]",
+    'auto_pad = "SAME_UPPER"', 'auto_pad = "VALID"', 'auto_pad = "SAME_LOWER", strides = [3]',
+])
+def test_conv_dims_agree_with_onnxruntime(attributes: str) -> None:
+    """LFM2's causal depthwise Conv over a named sequence, cut back to it: whatever the
+    Conv's dims are named (or left unknown: another stride), they are what onnxruntime
+    computes once S, H and W are known."""
+    import onnxruntime as ort
+    spatial = attributes.replace("[2]", "[2, 2]").replace("[3]", "[3, 3]")
+    for old, new in (("[2, 2]", "[2, 2, 2, 2]"), ("[2, 0]", "[2, 2, 0, 0]"),
+                     ("[1, 1]", "[1, 1, 1, 1]"), ("[0, 0]", "[0, 0, 0, 0]"),
+                     ("[4, 4]", "[4, 4, 4, 4]"), ("[1, 3]", "[1, 1, 3, 3]")):
+        spatial = spatial.replace("pads = " + old, "pads = " + new)
+    text = CONV.format(attributes=attributes).replace(
+        "Conv<" + attributes + ">(image", "Conv<" + spatial + ">(image")
+    proto = parse_with_weights(text)
+    model = from_proto(proto)
+    symdims.name_lost_dims(model)
+    sizes = {"B": 2, "S": 11, "H": 7, "W": 9}
+    feeds = {"x": np.ones((2, 4, 11), np.float32), "image": np.ones((2, 4, 7, 9), np.float32)}
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = ["r", "r2", "c"]
+    proto.graph.output.extend(onnx.helper.make_empty_tensor_value_info(n) for n in names)
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    actual = dict(zip(names, session.run(names, feeds)[:3], strict=True))
+    for name in names:
+        dims = _dims(model, name)
+        for dim, size in zip(dims, actual[name].shape, strict=True):
+            if isinstance(dim, int):
+                assert dim == size, (name, dims)
+            elif dim is not None and not is_minted(dim):
+                value = eval(dim, {"Max": max}, dict(sizes))  # noqa: S307 - the test's names
+                assert value == size, (name, dim)
+
+
+def test_a_causal_conv_over_a_named_sequence_cut_back_to_it_is_named() -> None:
+    model = from_proto(parse_with_weights(CONV.format(attributes="pads = [2, 2]").replace(
+        "Conv<pads = [2, 2]>(image", "Conv<pads = [1, 1, 1, 1]>(image")))
+    assert _dims(model, "c")[2] != "S"
+    assert symdims.name_lost_dims(model)
+    assert _dims(model, "r") == ["B", 4, "S + 2"]
+    assert _dims(model, "c") == ["B", 4, "S"]
+    assert _dims(model, "r2") == ["B", 4, "H", "W"]
+
+
+RESIZE = """
+    <ir_version: 8, opset_import: ["" : 18]>
+    g (float[B, 1, H, W] mask, float[B, 8, h, w] features) => (float[B, 1, h, w] y)
+    <int64[1] a0 = {{0}}, int64[1] a2 = {{2}}, int64[1] a4 = {{4}}>
+    {{
+      sm = Shape(mask)  bc = Slice(sm, a0, a2)  sf = Shape(features)  hw = Slice(sf, a2, a4)
+      sizes = Concat<axis=0>(bc, hw)  r = Resize<{attributes}>(mask, , , sizes)  y = Relu(r)
+    }}
+"""
+
+
+def test_a_resize_to_sizes_read_at_run_time_is_named() -> None:
+    """DETR's ``interpolate(mask, size=features.shape[-2:])``."""
+    model = from_proto(onnx.parser.parse_model(RESIZE.format(attributes='mode = "nearest"')))
+    assert _dims(model, "r") != ["B", 1, "h", "w"]
+    assert symdims.name_lost_dims(model)
+    assert _dims(model, "r") == ["B", 1, "h", "w"]
+
+
+@pytest.mark.parametrize("attributes", [
+    'keep_aspect_ratio_policy = "not_larger"',  # the sizes are bounds, not the sizes
+    "axes = [0, 0, 2, 3]",  # an axis twice: invalid, names nothing
+])
+def test_a_resize_whose_sizes_are_not_its_dims_stays_unknown(attributes: str) -> None:
+    model = from_proto(onnx.parser.parse_model(RESIZE.format(attributes=attributes)))
+    symdims.name_lost_dims(model)
+    dims = _dims(model, "r")
+    assert dims is None or dims[2:] != ["h", "w"]
