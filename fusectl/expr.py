@@ -1628,6 +1628,19 @@ def _fn_producer_op(value: Any, depth: int = 0) -> str:
     return node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
 
 
+def _fn_reader_op(value: Any) -> str:
+    """The op type of the one node reading a value, "" when none, several or a graph output
+    read it. A rule variant that ends one node early (attention heads left as [B,S,H,D]
+    for a Concat, ConvBERT's) leaves a value whose only reader is the node the longer
+    variant takes (the merging Reshape) to that variant."""
+    if not is_value(value):
+        raise NoMatch("reader_op() needs a value of the match")
+    uses = value.uses()
+    if len(uses) != 1 or value.is_graph_output():
+        return ""
+    node = uses[0].node
+    return node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
+
 def _fn_is_finite_mask(mask: Any) -> bool:
     """Whether an additive attention mask provably holds only finite values (valuerange.py:
     the NaN guard after a Softmax is then the identity)."""
@@ -1813,6 +1826,7 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     "num_outputs": _fn_num_outputs,
     "broadcasts_into": _fn_broadcasts_into,
     "producer_op": _fn_producer_op,
+    "reader_op": _fn_reader_op,
     "batch_source": _fn_batch_source,
     "is_finite_mask": _fn_is_finite_mask,
     "is_finite_scores": _fn_is_finite_scores,

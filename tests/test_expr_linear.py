@@ -17,6 +17,7 @@ from fusectl.expr import NoMatch, parse
 rank = expr.FUNCTIONS["rank"]
 broadcasts_into = expr.FUNCTIONS["broadcasts_into"]
 producer_op = expr.FUNCTIONS["producer_op"]
+reader_op = expr.FUNCTIONS["reader_op"]
 einsum_matmul = expr.FUNCTIONS["einsum_matmul"]
 
 
@@ -144,6 +145,37 @@ def test_producer_op_climbs_first_inputs_by_depth() -> None:
 def test_producer_op_refuses_a_depth_out_of_range(depth: object) -> None:
     with pytest.raises(NoMatch):
         producer_op(_output_of("", "Relu"), depth)
+
+
+# ------------------------------------------------------------------------- reader_op
+
+
+def test_reader_op_names_the_one_reading_node() -> None:
+    x = _activation("x", [2, 8])
+    ir.Node("com.microsoft", "QuickGelu", [x], num_outputs=1)
+    assert reader_op(x) == "com.microsoft.QuickGelu"
+    y = _activation("y", [2, 8])
+    ir.Node("", "Reshape", [y, _const("s", np.array([4, 4]))], num_outputs=1)
+    assert reader_op(y) == "Reshape"
+
+
+def test_reader_op_is_empty_for_none_several_or_a_graph_output() -> None:
+    unread = _activation("u", [2, 8])
+    assert reader_op(unread) == ""
+    twice = _activation("t", [2, 8])
+    ir.Node("", "Relu", [twice], num_outputs=1)
+    ir.Node("", "Relu", [twice], num_outputs=1)
+    assert reader_op(twice) == ""
+    out = ir.Node("", "Relu", [_activation("x", [2, 8])], num_outputs=1).outputs[0]
+    ir.Node("", "Reshape", [out, _const("s", np.array([4, 4]))], num_outputs=1)
+    ir.Graph([], [out], nodes=[out.producer()], name="g")
+    assert reader_op(out) == ""
+
+
+@pytest.mark.parametrize("value", [None, 1.0, "Reshape"])
+def test_reader_op_of_a_non_value_is_no_match(value: object) -> None:
+    with pytest.raises(NoMatch):
+        reader_op(value)
 
 
 def test_functions_are_usable_in_rule_expressions() -> None:
