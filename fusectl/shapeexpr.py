@@ -272,8 +272,9 @@ class _Evaluator:
     def _named_arithmetic(self, op: str, a: ShapeTensor, b: ShapeTensor,
                           result: ShapeTensor) -> ShapeTensor:
         """``result`` (``op`` of ``a`` and ``b``) with the entries it left unknown named where
-        they are 0 (a named dim less itself), a sum of two named dims (a mask over past + new
-        tokens: ``past_sequence_length + sequence_length``), a product of named dims and positive
+        they are 0 (a named dim less itself), a sum of named dims and a number (a mask over
+        past + new tokens: ``past_sequence_length + sequence_length``; ``S + 8``) or such a
+        sum less some of its terms (``(S + 8) - 8`` is ``S``), a product of named dims and positive
         integers (BLOOM's ``batch_size * num_heads``: ``4*batch_size``), or such a product
         divided exactly (``4*batch_size / 4`` is ``batch_size``)."""
         if a.dtype not in _INT_RANGES:
@@ -287,7 +288,9 @@ class _Evaluator:
                 entries[index] = 0  # a named dim less itself (GPT-Neo's key minus query length)
                 continue
             name = _combine(op, first, second)
-            if name is not None:
+            if isinstance(name, int):
+                entries[index] = name
+            elif name is not None:
                 axis = self.axis_of_name.get(name)
                 entries[index] = Dim(axis) if axis is not None else Named(name)
         return ShapeTensor(tuple(entries), result.rank, result.dtype)
@@ -608,12 +611,13 @@ SUM_TERMS = 8
 """Terms of a named sum at most (a mask over past + new tokens has two)."""
 
 
-def _combine(op: str, a: str | int | None, b: str | int | None) -> str | None:
-    """The name of ``a op b`` for named dims and positive integers (``_named_arithmetic``)."""
+def _combine(op: str, a: str | int | None, b: str | int | None) -> str | int | None:
+    """The name of ``a op b`` for named dims and positive integers (``_named_arithmetic``);
+    a difference of sums may be a number (``(S + 8) - S`` is 8)."""
     if a is None or b is None or (isinstance(a, int) and isinstance(b, int)):
         return None
-    if op == "Add":
-        return _named_sum(a, b) if isinstance(a, str) and isinstance(b, str) else None
+    if op in ("Add", "Sub"):
+        return _sum_of(a, b, 1 if op == "Add" else -1)
     if op == "Mul":
         product = symbolic_product([a, b])
         return product if isinstance(product, str) else None
@@ -623,15 +627,41 @@ def _combine(op: str, a: str | int | None, b: str | int | None) -> str | None:
     return None
 
 
-def _named_sum(a: str, b: str) -> str | None:
-    """The dim ``a + b``, spelled as exporters declare it (optimum's ``past_sequence_length +
-    sequence_length``, torch's ``s16 + s62``): identifiers in sorted order, joined by
-    `` + ``, so the same sum computed either way round has one name. None when a term is
-    not an identifier (a product, a minted symbol's expression)."""
-    first, second = sum_terms(a), sum_terms(b)
-    if first is None or second is None or len(first) + len(second) > SUM_TERMS:
+def _sum_of(a: str | int, b: str | int, sign: int) -> str | int | None:
+    """``a + b`` or ``a - b`` of sums of named dims and a number, spelled as exporters declare
+    sums (optimum's ``past_sequence_length + sequence_length``, torch's ``s16 + s62``) and
+    onnx-ir spells a dim plus a number: identifiers in sorted order, the number last, joined
+    by `` + `` (``S + 8``), so the same sum computed either way round has one name.
+    ``(S + 8) - 8`` is ``S`` again, as nn.Unfold's block count reads it. None for a
+    difference that would leave a name less something (no size is known to be that large)
+    and for terms that are no identifiers (products, minted symbols' expressions)."""
+    first, second = _sum_parts(a), _sum_parts(b)
+    if first is None or second is None:
         return None
-    return " + ".join(sorted(first + second))
+    names, number = list(first[0]), first[1] + sign * second[1]
+    if sign > 0:
+        names += second[0]
+    else:
+        for name in second[0]:
+            if name not in names:
+                return None
+            names.remove(name)
+    if not names:
+        return number
+    if number < 0 or len(names) + (number > 0) > SUM_TERMS:
+        return None
+    return " + ".join(sorted(names) + ([str(number)] if number else []))
+
+
+def _sum_parts(entry: str | int) -> tuple[list[str], int] | None:
+    """A sum's identifiers and its number (0 for none): ``S + 8`` is (["S"], 8)."""
+    if isinstance(entry, int):
+        return [], entry
+    terms = entry.split(" + ")
+    number = 0
+    if terms[-1].isdigit():
+        number = int(terms.pop())
+    return (terms, number) if terms and all(t.isidentifier() for t in terms) else None
 
 
 def sum_terms(name: str) -> list[str] | None:

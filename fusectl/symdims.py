@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 
 import onnx_ir as ir
 
-from .expr import SLICE_TO_END, NoMatch, symbolic_product, symbolic_quotient
+from .expr import SLICE_TO_END, NoMatch, _const_tensor, symbolic_product, symbolic_quotient
 from .shapeexpr import (
     OPAQUE_OPERATORS,
     STAND_IN_PREFIX,
@@ -49,7 +49,7 @@ from .shapes import _plain_dim, try_infer_model_shapes
 MAX_CONCAT_INPUTS = 32
 """Concats with more inputs get no summed name (``_concat_dims``)."""
 
-MAX_ROUNDS = 8
+MAX_ROUNDS = 24
 """Rounds of naming and re-inference: a name computed in one round is read by the next
 shape computation downstream (the batch dim of an Expand, then the heads' Reshape)."""
 
@@ -300,8 +300,10 @@ def _slice_dims(node: ir.Node) -> Dims | None:
         if not -len(dims) <= axis < len(dims):
             return None
         size = dims[axis]
-        last = _negated_name(node.inputs[1], axes.index(axis)) if start is None else None
-        if last is not None:
+        last = _tail_name(node.inputs[1], axes.index(axis), size) if start is None else None
+        if _is_plain_int(start) and _is_plain_int(end) and isinstance(size, int):
+            dims[axis] = len(range(size)[start:end])  # onnxruntime clamps as Python does
+        elif last is not None:
             dims[axis] = _last(size, last, end)
             if dims[axis] is None:
                 return None
@@ -422,17 +424,33 @@ def _sum_after(size: int | str | None, start: int | str | None, end: Entry) -> s
     return " + ".join(terms) or None
 
 
-def _negated_name(starts: ir.Value, position: int) -> str | None:
-    """The named dim ``n`` whose negation is entry ``position`` of a Slice's ``starts``
-    (torch's ``x[:, -n:]``: ``Unsqueeze(Neg(Gather(Shape(ids), 1)))``), else None."""
+def _tail_name(starts: ir.Value, position: int, size: int | str | None) -> str | None:
+    """The named dim ``n`` that entry ``position`` of a Slice's ``starts`` counts back from
+    the end of an axis of ``size``: torch's ``x[:, -n:]`` (``Unsqueeze(Neg(Gather(Shape(ids),
+    1)))``) or, along an axis of static size ``L``, ``x[:, L - n:]`` (MPT's ALiBi table cut to
+    the sequence); else None."""
     node = starts.producer()
     while node is not None and node.domain in ("", "ai.onnx") and position == 0 \
             and node.op_type in ("Unsqueeze", "Reshape") and node.inputs and node.inputs[0]:
         node = node.inputs[0].producer()
-    if node is None or node.op_type != "Neg" or node.domain not in ("", "ai.onnx") \
-            or position != 0 or not node.inputs or node.inputs[0] is None:
+    if node is None or node.domain not in ("", "ai.onnx") or position != 0 \
+            or len(node.inputs) not in (1, 2) or any(v is None for v in node.inputs):
         return None
-    return dim_name(node.inputs[0])
+    if node.op_type == "Neg" and len(node.inputs) == 1:
+        return dim_name(node.inputs[0])
+    if node.op_type == "Sub" and len(node.inputs) == 2 and isinstance(size, int) \
+            and _scalar(node.inputs[0]) == size:
+        return dim_name(node.inputs[1])
+    return None
+
+
+def _scalar(value: ir.Value) -> int | None:
+    """A constant integer scalar's value (or of a one-element tensor), else None."""
+    tensor = _const_tensor(value)
+    if tensor is None or tensor.dtype not in (ir.DataType.INT64, ir.DataType.INT32):
+        return None
+    array = tensor.numpy()
+    return int(array.reshape(-1)[0]) if array.size == 1 else None
 
 
 def _last(size: int | str | None, length: str, end: Entry) -> int | str | None:

@@ -310,6 +310,11 @@ def _sums(nodes: str) -> ir.Model:
     ("t = Add(p, s)  r = Range(i0, t, i1)", ["past + seq"]),
     ("t = Add(s, p)  r = Range(i0, t, i1)", ["past + seq"]),
     ("t = Add(up, us)  c = Concat<axis=0>(ub, t)  r = Expand(mask, c)", ["batch", "past + seq"]),
+    # a named dim plus a number, and back (nn.Unfold's block count: (S + 8) - 8)
+    ("t = Add(p, two)  r = Range(i0, t, i1)", ["past + 2"]),
+    ("t = Add(two, p)  u = Add(t, s)  r = Range(i0, u, i1)", ["past + seq + 2"]),
+    ("t = Add(s, four)  u = Sub(t, four)  r = Range(i0, u, i1)", ["seq"]),
+    ("t = Add(s, four)  u = Sub(t, s)  w = Unsqueeze(u, a0)  r = ConstantOfShape(w)", [4]),
     # position_ids[:, past:] of the mask's cumsum: the new tokens
     ("r = Slice(mask, up, big, a1)", ["batch", "seq"]),
     ("r = Slice(mask, us, big, a1)", ["batch", "past"]),
@@ -332,7 +337,8 @@ def test_sums_and_products_of_named_dims_are_named(nodes: str, expected: list) -
     "t = Sub(p, s)  r = Range(i0, t, i1)",
     "t = Div(b, four)  r = Range(i0, t, i1)",  # batch / 4 truncates: no product of names
     "t = Mul(b, minus)  r = Range(i0, t, i1)",  # -batch is no size
-    "t = Add(p, two)  r = Range(i0, t, i1)",  # past + 2: no name of its own
+    "t = Sub(p, two)  r = Range(i0, t, i1)",  # past - 2: past may be 1
+    "t = Add(p, two)  u = Sub(t, s)  r = Range(i0, u, i1)",  # past + 2 - seq
     "r = Slice(mask, ub, big, a1)",  # batch is no term of past + seq
     "r = Slice(mask, up, us, a1)",  # from past to seq: not to the end
     "r = Slice(mask, up, big, a1, two)",  # every second one
@@ -459,6 +465,14 @@ def test_a_causal_window_from_a_named_dim_less_itself(key: str, expected: str | 
     # x[:, -S:] of a static buffer and of the axis named S itself (torch's Neg of a size)
     ("n = Neg(s)  u = Unsqueeze(n, a0)  r = Slice(positions, u, big, a1)", [1, "S"]),
     ("n = Neg(s)  u = Unsqueeze(n, a0)  r = Slice(x, u, big, a1)", ["B", "S", 64]),
+    # MPT's ALiBi table cut to the sequence: table[:, 64 - S:] of a 64-long axis
+    ("c = Constant<value = int64 {64}>()  t = Sub(c, s)  u = Unsqueeze(t, a0)"
+     "  r = Slice(positions, u, big, a1)", [1, "S"]),
+    # qkv.chunk(3, dim=2) with bounds computed from the shape: the other dims stay named
+    ("c2 = Constant<value = int64 {2}>()  c4 = Constant<value = int64 {4}>()"
+     "  w = Gather<axis=0>(sh, c2)  q = Div(w, c4)  st = Unsqueeze(q, a0)  en = Add(st, st)"
+     "  ax = Constant<value = int64[1] {2}>()"
+     "  r = Slice(x, st, en, ax)", ["B", "S", 16]),
 ])
 def test_run_time_repeats_and_tails_of_named_dims_are_named(nodes: str, expected: list) -> None:
     model = _case(nodes)
@@ -473,6 +487,10 @@ def test_run_time_repeats_and_tails_of_named_dims_are_named(nodes: str, expected
     "n = Neg(s)  u = Unsqueeze(n, a0)  r = Slice(positions, u, m1, a1)",  # x[-S:-1]
     "n = Neg(b)  u = Unsqueeze(n, a0)  r = Slice(x, u, big, a1)",  # x[:, -B:] of S: min(B, S)
     "n = Neg(s)  u = Unsqueeze(n, a0)  r = Slice(x, u, big, a1, p2)",  # every second one
+    # table[:, 63 - S:] of a 64-long axis: S + 1 long
+    "c = Constant<value = int64 {63}>()  t = Sub(c, s)  u = Unsqueeze(t, a0)"
+    "  r = Slice(positions, u, big, a1)",
+    "t = Sub(s, b)  u = Unsqueeze(t, a0)  r = Slice(positions, u, big, a1)",  # from S - B
     "r = Slice(x, a0, ub, a1)",  # x[:, :B] of S: min(B, S)
 ])
 def test_tails_and_repeats_that_name_nothing_stay_unknown(nodes: str) -> None:
