@@ -25,6 +25,7 @@ from .deadcode import remove_dead_producers, remove_unused
 from .dedupe import merge_twins
 from .names import FreshNames
 from .shapeexpr import input_dim_names, is_minted
+from .shapereads import ShapeReadMover
 from .shapes import infer_node
 
 RULE_TAG = "fusectl.rule"
@@ -155,6 +156,7 @@ def apply_rules(
     converged = False
     touched = _Touched()
     meter = traffic.Meter(dims=dims, bound=bound, named=input_dim_names(model.graph))
+    shape_reads = ShapeReadMover(model, names)
     last_run: dict[tuple[int, int], int] = {}  # (rule, graph) -> number of its last run
     run = 0
 
@@ -167,6 +169,11 @@ def apply_rules(
         # at once, not in the final cleanup: a dead reader of a value (the Shape that
         # computed a replaced Reshape's target) keeps patterns through it from matching
         touched.readers_changed(remove_dead_producers(graph, read) + unread, run)
+        # a read of named dims the rewrite wrote reads the graph input instead, so a later
+        # fusion through the value it read can remove it
+        moved = shape_reads.move([n for n in rewrite.new_nodes if n.op_type in _READS])
+        if moved:
+            touched.readers_changed(remove_dead_producers(graph, moved) + moved, run)
         typed = _type_readers(rewrite.new_nodes, model)
         meter.forget(out for node in typed for out in node.outputs)
         touched.stamp(typed, run)
@@ -354,6 +361,10 @@ class _OpIndex:
             self._position = {id(n): i for i, n in enumerate(self.graph)}
         position = self._position
         return sorted(itertools.chain.from_iterable(lists), key=lambda n: position[id(n)])
+
+
+_READS = ("Shape", "Gather")
+"""The ops of the reads of dims a rewrite may write (``ShapeReadMover``)."""
 
 
 def _reject(rejections: dict[str, list[Rejection]], rule_id: str, node: ir.Node,

@@ -26,40 +26,59 @@ def read_dims_from_inputs(model: ir.Model) -> int:
     """Point the main graph's reads of named dims at the graph inputs that name them:
     ``Gather(Shape(x), i)`` and ``Shape(x)`` whose dims are all named by one input. Returns
     the reads moved; the Shapes left unread are dead code for the caller to remove."""
-    graph = model.graph
-    sources = _named_input_dims(graph)
-    if not sources:
-        return 0
-    fresh = _Fresh(graph, FreshNames(model))
-    moved = 0
-    # the Gathers first: a Shape some of whose reads moved may be left whole
-    nodes = [n for n in graph if n.op_type == "Gather"] + [n for n in graph if n.op_type == "Shape"]
-    for node in nodes:
-        if node.domain not in _ONNX_DOMAINS or node.graph is not graph:
-            continue
-        read = _gathered_read(node) if node.op_type == "Gather" else _whole_read(node)
-        if read is None:
-            continue
-        origin = _one_origin(read, sources)
-        if origin is None:
-            continue
-        source, axes = origin
-        shape = fresh.shape_of(source)
-        if node.op_type == "Gather":
-            index = node.inputs[1].const_value.numpy()  # type: ignore[union-attr]
-            node.replace_input_with(0, shape)
-            if index.reshape(-1).tolist() != axes:
-                node.replace_input_with(1, fresh.constant(np.asarray(axes).reshape(index.shape)))
-        else:
-            gather = ir.node("Gather", [shape, fresh.constant(np.asarray(axes))],
-                             attributes={"axis": 0}, name=fresh.name(f"{node.name}_named"))
-            graph.insert_before(node, gather)
-            gather.outputs[0].name = fresh.name(f"{node.outputs[0].name}_named")
-            gather.outputs[0].type = node.outputs[0].type
-            gather.outputs[0].shape = node.outputs[0].shape
-            ir.convenience.replace_all_uses_with(node.outputs[0], gather.outputs[0])
-        moved += 1
-    return moved
+    return len(ShapeReadMover(model).move(list(model.graph)))
+
+
+class ShapeReadMover:
+    """Moves reads of named dims to the graph inputs naming them, for ``read_dims_from_inputs``
+    and for the rewrite loop, whose rules write such reads of the values they leave (the
+    key's run-time length of GroupQueryAttention): there a read of a rotated key keeps a
+    later fusion through it from removing it. One Shape per graph input serves every move."""
+
+    def __init__(self, model: ir.Model, names: FreshNames | None = None) -> None:
+        """``names``: the caller's fresh names, when it makes names of its own too."""
+        self.graph = model.graph
+        self.sources = _named_input_dims(self.graph)
+        self.fresh = _Fresh(self.graph, names or FreshNames(model)) if self.sources else None
+
+    def move(self, nodes: list[ir.Node]) -> list[ir.Value]:
+        """Move the reads among ``nodes`` (of the main graph) that can be; return the Shape
+        outputs that lost a reader (the Shapes may be dead now)."""
+        if self.fresh is None:
+            return []
+        graph, fresh, sources = self.graph, self.fresh, self.sources
+        lost: list[ir.Value] = []
+        # the Gathers first: a Shape some of whose reads moved may be left whole
+        ordered = [n for n in nodes if n.op_type == "Gather"] \
+            + [n for n in nodes if n.op_type == "Shape"]
+        for node in ordered:
+            if node.domain not in _ONNX_DOMAINS or node.graph is not graph:
+                continue
+            read = _gathered_read(node) if node.op_type == "Gather" else _whole_read(node)
+            if read is None:
+                continue
+            origin = _one_origin(read, sources)
+            if origin is None:
+                continue
+            source, axes = origin
+            shape = fresh.shape_of(source)
+            if node.op_type == "Gather":
+                lost.append(node.inputs[0])  # type: ignore[arg-type]
+                index = node.inputs[1].const_value.numpy()  # type: ignore[union-attr]
+                node.replace_input_with(0, shape)
+                if index.reshape(-1).tolist() != axes:
+                    node.replace_input_with(
+                        1, fresh.constant(np.asarray(axes).reshape(index.shape)))
+            else:
+                gather = ir.node("Gather", [shape, fresh.constant(np.asarray(axes))],
+                                 attributes={"axis": 0}, name=fresh.name(f"{node.name}_named"))
+                graph.insert_before(node, gather)
+                gather.outputs[0].name = fresh.name(f"{node.outputs[0].name}_named")
+                gather.outputs[0].type = node.outputs[0].type
+                gather.outputs[0].shape = node.outputs[0].shape
+                ir.convenience.replace_all_uses_with(node.outputs[0], gather.outputs[0])
+                lost.append(node.outputs[0])
+        return lost
 
 
 def _named_input_dims(graph: ir.Graph) -> dict[str, tuple[ir.Value, int]]:

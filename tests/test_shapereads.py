@@ -221,3 +221,46 @@ def test_a_graph_outputs_declared_dims_are_not_read() -> None:
         }""")
     result = fusectl.optimize(from_proto(proto), dims={"B": 2, "S": 3})
     assert result.validation is not None and result.validation.passed
+
+
+# ------------------------------------------------------- reads written by the rewrite loop
+
+# The first rule writes a read of p's dims beside the match (as GroupQueryAttention's rule
+# reads the key's run-time length); the second can remove p's producer only once that read
+# is of the graph input.
+READ_WRITING_RULES = """
+version: 1
+rules:
+  - id: writes-a-read
+    summary: Sigmoid(Relu(p)) expanded to p's own shape (the same values).
+    match:
+      - y = Sigmoid(Relu(p))
+    where:
+      - expr: reader_op(y) != "Expand"
+        message: once
+    replace:
+      - y = Expand(Sigmoid(Relu(p)), Shape(p))
+  - id: double-relu
+    summary: Relu(Relu(q)) is Relu(q).
+    match:
+      - w = Relu(Relu(q))
+    replace:
+      - w = Relu(q)
+"""
+
+
+def test_a_read_a_rewrite_writes_moves_to_the_input_so_later_fusions_go_on(tmp_path) -> None:
+    rules = tmp_path / "reads.yaml"
+    rules.write_text(READ_WRITING_RULES)
+    proto = onnx.parser.parse_model("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[B,S] x) => (float[B,S] y)
+        { r1 = Relu(x)  r2 = Relu(r1)  y = Sigmoid(r2) }""")
+    path = tmp_path / "m.onnx"
+    onnx.save(proto, path)
+    result = fusectl.optimize(str(path), rules=fusectl.load_rule_set([rules], builtin=False))
+    assert result.validation is not None and result.validation.passed
+    ops = Counter(n.op_type for n in result.model.graph)
+    assert ops["Relu"] == 1 and ops["Expand"] == 1
+    (shape,) = [n for n in result.model.graph if n.op_type == "Shape"]
+    assert shape.inputs[0].name == "x"
