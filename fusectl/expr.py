@@ -1623,9 +1623,7 @@ def _fn_producer_op(value: Any, depth: int = 0) -> str:
         if node is None or not node.inputs or node.inputs[0] is None:
             return ""
         node = node.inputs[0].producer()
-    if node is None:
-        return ""
-    return node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
+    return "" if node is None else _op_name(node)
 
 
 def _fn_reader_op(value: Any) -> str:
@@ -1638,8 +1636,13 @@ def _fn_reader_op(value: Any) -> str:
     uses = value.uses()
     if len(uses) != 1 or value.is_graph_output():
         return ""
-    node = uses[0].node
+    return _op_name(uses[0].node)
+
+
+def _op_name(node: ir.Node) -> str:
+    """An op as rules name it: ``Reshape``, ``com.microsoft.FusedMatMul``."""
     return node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
+
 
 def _fn_is_finite_mask(mask: Any) -> bool:
     """Whether an additive attention mask provably holds only finite values (valuerange.py:

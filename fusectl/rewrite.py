@@ -171,7 +171,7 @@ def apply_rules(
         touched.readers_changed(remove_dead_producers(graph, read) + unread, run)
         # a read of named dims the rewrite wrote reads the graph input instead, so a later
         # fusion through the value it read can remove it
-        moved = shape_reads.move([n for n in rewrite.new_nodes if n.op_type in _READS])
+        moved = shape_reads.move(rewrite.new_nodes)
         if moved:
             touched.readers_changed(remove_dead_producers(graph, moved) + moved, run)
         typed = _type_readers(rewrite.new_nodes, model)
@@ -361,10 +361,6 @@ class _OpIndex:
             self._position = {id(n): i for i, n in enumerate(self.graph)}
         position = self._position
         return sorted(itertools.chain.from_iterable(lists), key=lambda n: position[id(n)])
-
-
-_READS = ("Shape", "Gather")
-"""The ops of the reads of dims a rewrite may write (``ShapeReadMover``)."""
 
 
 def _reject(rejections: dict[str, list[Rejection]], rule_id: str, node: ir.Node,

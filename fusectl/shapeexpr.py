@@ -635,7 +635,7 @@ def _sum_of(a: str | int, b: str | int, sign: int) -> str | int | None:
     ``(S + 8) - 8`` is ``S`` again, as nn.Unfold's block count reads it. None for a
     difference that would leave a name less something (no size is known to be that large)
     and for terms that are no identifiers (products, minted symbols' expressions)."""
-    first, second = _sum_parts(a), _sum_parts(b)
+    first, second = sum_parts(a), sum_parts(b)
     if first is None or second is None:
         return None
     names, number = list(first[0]), first[1] + sign * second[1]
@@ -653,7 +653,7 @@ def _sum_of(a: str | int, b: str | int, sign: int) -> str | int | None:
     return " + ".join(sorted(names) + ([str(number)] if number else []))
 
 
-def _sum_parts(entry: str | int) -> tuple[list[str], int] | None:
+def sum_parts(entry: str | int) -> tuple[list[str], int] | None:
     """A sum's identifiers and its number (0 for none): ``S + 8`` is (["S"], 8)."""
     if isinstance(entry, int):
         return [], entry

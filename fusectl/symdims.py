@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 
 import onnx_ir as ir
 
-from .expr import SLICE_TO_END, NoMatch, _const_tensor, symbolic_product, symbolic_quotient
+from .expr import SLICE_TO_END, NoMatch, symbolic_product, symbolic_quotient
 from .shapeexpr import (
     OPAQUE_OPERATORS,
     STAND_IN_PREFIX,
@@ -42,6 +42,7 @@ from .shapeexpr import (
     is_minted,
     mentions_stand_in,
     shape_entries,
+    sum_parts,
     sum_terms,
 )
 from .shapes import _plain_dim, try_infer_model_shapes
@@ -332,12 +333,10 @@ def _at_least(size: int | str | None, length: int | str | None) -> bool:
     """Whether an axis of ``size`` is known to hold ``length``: the same name, or a sum of
     it and more (names or numbers, none below 0): a causal Conv's ``sequence_length + 2``
     cut back to ``sequence_length``, a mask over past + new tokens cut to the new ones."""
-    if size is None or length is None or not isinstance(length, str):
+    if not isinstance(size, str) or not isinstance(length, str):
         return False
-    if size == length:
-        return True
-    terms = size.split(" + ") if isinstance(size, str) else []
-    return length in terms and all(t.isidentifier() or t.isdigit() for t in terms)
+    parts = sum_parts(size)
+    return size == length or parts is not None and length in parts[0]
 
 
 def _is_offset(start: Entry, end: Entry) -> bool:
@@ -438,19 +437,13 @@ def _tail_name(starts: ir.Value, position: int, size: int | str | None) -> str |
         return None
     if node.op_type == "Neg" and len(node.inputs) == 1:
         return dim_name(node.inputs[0])
-    if node.op_type == "Sub" and len(node.inputs) == 2 and isinstance(size, int) \
-            and _scalar(node.inputs[0]) == size:
-        return dim_name(node.inputs[1])
+    if node.op_type == "Sub" and len(node.inputs) == 2 and isinstance(size, int):
+        try:
+            total = _const_ints(node, 0).entries
+        except NoMatch:
+            return None
+        return dim_name(node.inputs[1]) if total == (size,) else None
     return None
-
-
-def _scalar(value: ir.Value) -> int | None:
-    """A constant integer scalar's value (or of a one-element tensor), else None."""
-    tensor = _const_tensor(value)
-    if tensor is None or tensor.dtype not in (ir.DataType.INT64, ir.DataType.INT32):
-        return None
-    array = tensor.numpy()
-    return int(array.reshape(-1)[0]) if array.size == 1 else None
 
 
 def _last(size: int | str | None, length: str, end: Entry) -> int | str | None:
@@ -599,13 +592,13 @@ def _conv_dims(node: ir.Node) -> Dims | None:
             or len(data_dims) < 3:
         return None
     spatial = len(data_dims) - 2
-    kernel = _ints_attribute(node, "kernel_shape", weight_dims[2:])
-    strides = _ints_attribute(node, "strides", [1] * spatial)
-    dilations = _ints_attribute(node, "dilations", [1] * spatial)
-    pads = _ints_attribute(node, "pads", [0] * 2 * spatial)
-    auto_pad = node.attributes.get("auto_pad")
-    mode = auto_pad.value if auto_pad is not None else "NOTSET"
-    if None in (kernel, strides, dilations, pads) or len(kernel) != spatial \
+    attributes_only = len(node.inputs)  # _ints reads an attribute, no input, here
+    kernel = _ints(node, "kernel_shape", attributes_only) or weight_dims[2:]
+    strides = _ints(node, "strides", attributes_only) or [1] * spatial
+    dilations = _ints(node, "dilations", attributes_only) or [1] * spatial
+    pads = _ints(node, "pads", attributes_only) or [0] * 2 * spatial
+    mode = node.attributes.get_string("auto_pad", "NOTSET")
+    if len(kernel) != spatial \
             or len(strides) != spatial or len(dilations) != spatial or len(pads) != 2 * spatial \
             or mode not in ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER"):
         return None
@@ -627,18 +620,6 @@ def _conv_dims(node: ir.Node) -> Dims | None:
         else:
             dims.append(_shifted(padded, -reach) if strides[axis] == 1 else None)
     return dims
-
-
-def _ints_attribute(node: ir.Node, name: str, default: Sequence[int | str | None]
-                    ) -> list[int | str | None] | None:
-    """An INTS attribute's values, or ``default`` when the node has none."""
-    attr = node.attributes.get(name)
-    if attr is None:
-        return list(default)
-    try:
-        return [int(v) for v in attr.value]
-    except (TypeError, ValueError):
-        return None
 
 
 def _is_plain_int(entry: Entry) -> bool:
