@@ -257,14 +257,22 @@ def _reshape_dims(node: ir.Node) -> Dims | None:
 
 def _expand_dims(node: ir.Node) -> Dims | None:
     """Expand's output: the input and the target broadcast together."""
-    if len(node.inputs) != 2 or node.inputs[0] is None or node.inputs[1] is None:
+    read = _data_and_vector(node, 1) if len(node.inputs) == 2 else None
+    if read is None:
         return None
-    data = node.inputs[0]
-    data_dims = _dims(data.shape)
-    entries = shape_entries(node.inputs[1], data)
-    if data_dims is None or entries is None:
-        return None
+    data_dims, entries = read
     return _broadcast(data_dims, [_entry_dim(e, data_dims) for e in entries])
+
+
+def _data_and_vector(node: ir.Node, index: int) -> tuple[Dims, tuple[Entry, ...]] | None:
+    """The dims of ``node``'s data (input 0) and the entries of the shape vector at input
+    ``index`` (an Expand's target, a Tile's repeats, a Resize's sizes), read with the
+    data's dims; None when either is unknown."""
+    if len(node.inputs) <= index or node.inputs[0] is None or node.inputs[index] is None:
+        return None
+    data_dims = _dims(node.inputs[0].shape)
+    entries = shape_entries(node.inputs[index], node.inputs[0])
+    return None if data_dims is None or entries is None else (data_dims, entries)
 
 
 def _constant_of_shape_dims(node: ir.Node) -> Dims | None:
@@ -534,12 +542,10 @@ def _tile_dims(node: ir.Node) -> Dims | None:
     where the repeat is 1: ``repeat_interleave`` exported as Unsqueeze + Tile). A repeat
     read at run time from a named dim names the axis it tiles from 1 (torch's
     ``weight.unsqueeze(0).repeat(batch_size, 1, 1)``, DETR's object queries)."""
-    if len(node.inputs) != 2 or node.inputs[0] is None or node.inputs[1] is None:
+    read = _data_and_vector(node, 1) if len(node.inputs) == 2 else None
+    if read is None or len(read[1]) != len(read[0]):
         return None
-    data_dims = _dims(node.inputs[0].shape)
-    repeats = shape_entries(node.inputs[1], node.inputs[0])
-    if data_dims is None or repeats is None or len(repeats) != len(data_dims):
-        return None
+    data_dims, repeats = read
     dims: Dims = []
     for dim, entry in zip(data_dims, repeats, strict=True):
         count = _entry_dim(entry, data_dims)
@@ -558,16 +564,12 @@ def _resize_dims(node: ir.Node) -> Dims | None:
     writes ``Concat(Shape(x)[:2], [h, w])``): the output has those sizes, on the axes the
     ``axes`` attribute names (all by default); the other axes keep the input's dims. Not
     with an aspect-ratio policy other than ``stretch`` (the sizes are then bounds)."""
-    if len(node.inputs) < 4 or node.inputs[0] is None or node.inputs[3] is None:
+    if node.attributes.get_string("keep_aspect_ratio_policy", "stretch") != "stretch":
         return None
-    policy = node.attributes.get("keep_aspect_ratio_policy")
-    if policy is not None and policy.value != "stretch":
+    read = _data_and_vector(node, 3)
+    if read is None:
         return None
-    data = node.inputs[0]
-    data_dims = _dims(data.shape)
-    entries = shape_entries(node.inputs[3], data)
-    if data_dims is None or entries is None:
-        return None
+    data_dims, entries = read
     attr = node.attributes.get("axes")
     axes = list(attr.value) if attr is not None else list(range(len(data_dims)))
     if len(axes) != len(entries) or len({a % len(data_dims) for a in axes}) != len(axes) \
